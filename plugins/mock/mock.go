@@ -1,0 +1,197 @@
+// Package mock is a test driver with obmd's mock semantics: power actions
+// never fail and are recorded per node, the console is an endless stream of
+// decimal lines "0\n", "1\n", ... whose counter survives reconnects, and a
+// dropped stream loses (and counts) the line that was being written.
+//
+// The power state is tracked too (off until the first action), so the native
+// API can answer "on" or "off"; the raw status is obmd's "Mock Status".
+package mock
+
+import (
+	"context"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/obmesh/obmesh/plugins/sdk"
+)
+
+// RawStatus is what obmd's mock answers for power status.
+const RawStatus = "Mock Status"
+
+// Driver is the mock driver. Its zero value is not usable; call New.
+type Driver struct {
+	mu    sync.Mutex
+	nodes map[string]*node // by sdk.Node.Key
+}
+
+// New returns a mock driver with no nodes.
+func New() *Driver { return &Driver{nodes: make(map[string]*node)} }
+
+// Info implements sdk.Driver.
+func (d *Driver) Info() sdk.Info { return sdk.Info{Name: "mock", Version: "1.0.0"} }
+
+// Open implements sdk.Driver. The option "NumWrites" (any case, as obmd's
+// JSON decoding matched it) sets the first console line of a new
+// registration.
+func (d *Driver) Open(ctx context.Context, n sdk.Node) (sdk.BMC, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, sdk.Errorf(sdk.ClassTimeout, "mock: open: %v", err)
+	}
+	var start uint64
+	for k, v := range n.Options {
+		if strings.EqualFold(k, "NumWrites") {
+			x, err := strconv.ParseUint(v, 10, 63)
+			if err != nil {
+				return nil, sdk.Errorf(sdk.ClassInvalid, "mock: option NumWrites must be a non-negative integer, got %q", v)
+			}
+			start = x
+		}
+	}
+	key := n.Key
+	if key == "" {
+		key = n.Name
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st, ok := d.nodes[key]
+	if !ok {
+		st = &node{power: sdk.StateOff, counter: start}
+		d.nodes[key] = st
+	}
+	return &bmc{n: st}, nil
+}
+
+// LastAction returns the last recorded action for a node key, in obmd's
+// words ("on", "off", "force-reboot", "soft-reboot", "bootdev-a", ...), and
+// whether the node is known. It is for tests.
+func (d *Driver) LastAction(key string) (string, bool) {
+	d.mu.Lock()
+	st, ok := d.nodes[key]
+	d.mu.Unlock()
+	if !ok {
+		return "", false
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.last, true
+}
+
+// node is the state of one registration of a node.
+type node struct {
+	mu      sync.Mutex
+	power   sdk.PowerState
+	last    string
+	counter uint64
+	console *console // the current viewer, nil if none
+}
+
+type bmc struct{ n *node }
+
+var (
+	_ sdk.PowerGetter      = (*bmc)(nil)
+	_ sdk.PowerSetter      = (*bmc)(nil)
+	_ sdk.BootDeviceSetter = (*bmc)(nil)
+	_ sdk.ConsoleOpener    = (*bmc)(nil)
+)
+
+func (b *bmc) Close() error { return nil }
+
+func (b *bmc) PowerState(context.Context) (sdk.PowerStatus, error) {
+	b.n.mu.Lock()
+	defer b.n.mu.Unlock()
+	return sdk.PowerStatus{State: b.n.power, Raw: RawStatus}, nil
+}
+
+func (b *bmc) SetPower(_ context.Context, a sdk.PowerAction) error {
+	b.n.mu.Lock()
+	defer b.n.mu.Unlock()
+	switch a {
+	case sdk.PowerOn:
+		b.n.power, b.n.last = sdk.StateOn, "on"
+	case sdk.PowerOff:
+		b.n.power, b.n.last = sdk.StateOff, "off"
+	case sdk.PowerSoftOff:
+		b.n.power, b.n.last = sdk.StateOff, "soft-off"
+	case sdk.PowerCycle:
+		// obmd's power_cycle, which obmesh always makes hard.
+		b.n.power, b.n.last = sdk.StateOn, "force-reboot"
+	case sdk.PowerReset:
+		b.n.power, b.n.last = sdk.StateOn, "force-reboot"
+	default:
+		return sdk.Errorf(sdk.ClassInvalid, "mock: unknown power action %q", a)
+	}
+	return nil
+}
+
+// SetBootDevice accepts obmd's mock devices "A" and "B" and the standard
+// devices; anything else is an invalid argument and changes nothing.
+func (b *bmc) SetBootDevice(_ context.Context, d sdk.BootDevice, _ sdk.BootOptions) error {
+	if d != "A" && d != "B" && !sdk.StandardBootDevice(d) {
+		return sdk.Errorf(sdk.ClassInvalid, "mock: invalid boot device %q", d)
+	}
+	b.n.mu.Lock()
+	defer b.n.mu.Unlock()
+	b.n.last = "bootdev-" + strings.ToLower(string(d))
+	return nil
+}
+
+// OpenConsole starts a new viewer and ends the previous one.
+func (b *bmc) OpenConsole(context.Context) (io.ReadWriteCloser, error) {
+	c := &console{n: b.n}
+	b.n.mu.Lock()
+	old := b.n.console
+	b.n.console = c
+	b.n.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	return c, nil
+}
+
+// console generates lines lazily: a line is produced only when the reader
+// asks for more, as obmd's unbuffered pipe did.
+type console struct {
+	n       *node
+	pending []byte // the rest of the line being delivered
+	closed  bool   // guarded by n.mu
+}
+
+func (c *console) Read(p []byte) (int, error) {
+	c.n.mu.Lock()
+	defer c.n.mu.Unlock()
+	if c.closed {
+		return 0, io.EOF
+	}
+	if len(c.pending) == 0 {
+		c.pending = strconv.AppendUint(nil, c.n.counter, 10)
+		c.pending = append(c.pending, '\n')
+		c.n.counter++
+	}
+	k := copy(p, c.pending)
+	c.pending = c.pending[k:]
+	return k, nil
+}
+
+// Write discards input: obmd's mock console is read-only.
+func (c *console) Write(p []byte) (int, error) { return len(p), nil }
+
+// Close ends the viewer. The line that would have been written next is lost
+// and still counted, reproducing obmd's "next stream starts at k+2".
+func (c *console) Close() error {
+	c.n.mu.Lock()
+	defer c.n.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if len(c.pending) == 0 {
+		c.n.counter++
+	}
+	c.pending = nil
+	if c.n.console == c {
+		c.n.console = nil
+	}
+	return nil
+}

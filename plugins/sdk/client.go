@@ -1,0 +1,264 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+
+	"github.com/obmesh/obmesh/plugins/sdk/internal/driverpb"
+)
+
+// remoteDriver is the host's view of a driver in a plugin process.
+type remoteDriver struct {
+	c driverpb.DriverClient
+
+	infoOnce sync.Once
+	info     Info
+}
+
+var _ Driver = (*remoteDriver)(nil)
+
+func (d *remoteDriver) Info() Info {
+	// Info is documented as I/O-free; the remote one asks once, bounded.
+	d.infoOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), defaultInfoTimeout)
+		defer cancel()
+		if r, err := d.c.Info(ctx, &driverpb.InfoRequest{}); err == nil {
+			d.info = Info{Name: r.Name, Version: r.Version}
+		}
+	})
+	return d.info
+}
+
+func (d *remoteDriver) Open(ctx context.Context, n Node) (BMC, error) {
+	r, err := d.c.Open(ctx, &driverpb.OpenRequest{Node: &driverpb.Node{
+		Name: n.Name, Key: n.Key, Address: n.Address, Username: n.Username,
+		Password: n.Password.Reveal(), Options: n.Options,
+	}})
+	if err != nil {
+		return nil, fromStatus(ctx, err)
+	}
+	caps := make(map[Capability]bool, len(r.Capabilities))
+	for _, c := range r.Capabilities {
+		caps[Capability(c)] = true
+	}
+	return &RemoteBMC{c: d.c, session: r.Session, caps: caps}, nil
+}
+
+// RemoteBMC is a BMC opened through a plugin process. It implements every
+// capability interface; a call the plugin did not advertise for this BMC
+// returns ErrUnsupported without a round trip. Has reports what was
+// advertised.
+type RemoteBMC struct {
+	c       driverpb.DriverClient
+	session string
+	caps    map[Capability]bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var (
+	_ PowerGetter      = (*RemoteBMC)(nil)
+	_ PowerSetter      = (*RemoteBMC)(nil)
+	_ BootDeviceSetter = (*RemoteBMC)(nil)
+	_ ConsoleOpener    = (*RemoteBMC)(nil)
+	_ Identifier       = (*RemoteBMC)(nil)
+	_ EventSubscriber  = (*RemoteBMC)(nil)
+)
+
+// Has reports whether the plugin advertised capability c for this BMC.
+func (b *RemoteBMC) Has(c Capability) bool { return b.caps[c] }
+
+// Capabilities lists the advertised capabilities.
+func (b *RemoteBMC) Capabilities() []Capability {
+	var out []Capability
+	for _, c := range []Capability{CapPowerGet, CapPowerSet, CapBootDevice, CapConsole, CapIdentity, CapEvents} {
+		if b.caps[c] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Close ends the session in the plugin. It is idempotent.
+func (b *RemoteBMC) Close() error {
+	b.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), defaultCloseTimeout)
+		defer cancel()
+		_, err := b.c.Close(ctx, &driverpb.SessionRequest{Session: b.session})
+		b.closeErr = fromStatus(ctx, err)
+	})
+	return b.closeErr
+}
+
+func (b *RemoteBMC) PowerState(ctx context.Context) (PowerStatus, error) {
+	if !b.caps[CapPowerGet] {
+		return PowerStatus{}, ErrUnsupported
+	}
+	r, err := b.c.PowerState(ctx, &driverpb.SessionRequest{Session: b.session})
+	if err != nil {
+		return PowerStatus{}, fromStatus(ctx, err)
+	}
+	return PowerStatus{State: PowerState(r.State), Raw: r.Raw}, nil
+}
+
+func (b *RemoteBMC) SetPower(ctx context.Context, a PowerAction) error {
+	if !b.caps[CapPowerSet] {
+		return ErrUnsupported
+	}
+	_, err := b.c.SetPower(ctx, &driverpb.SetPowerRequest{Session: b.session, Action: string(a)})
+	return fromStatus(ctx, err)
+}
+
+func (b *RemoteBMC) SetBootDevice(ctx context.Context, d BootDevice, o BootOptions) error {
+	if !b.caps[CapBootDevice] {
+		return ErrUnsupported
+	}
+	_, err := b.c.SetBootDevice(ctx, &driverpb.SetBootDeviceRequest{Session: b.session, Device: string(d), Persistent: o.Persistent, Efi: o.EFI})
+	return fromStatus(ctx, err)
+}
+
+func (b *RemoteBMC) Identity(ctx context.Context) (Identity, error) {
+	if !b.caps[CapIdentity] {
+		return Identity{}, ErrUnsupported
+	}
+	r, err := b.c.Identity(ctx, &driverpb.SessionRequest{Session: b.session})
+	if err != nil {
+		return Identity{}, fromStatus(ctx, err)
+	}
+	return Identity{Vendor: r.Vendor, Model: r.Model, Firmware: r.Firmware, Extra: r.Extra}, nil
+}
+
+// OpenConsole opens the console stream. The stream lives until Close or
+// until ctx ends.
+func (b *RemoteBMC) OpenConsole(ctx context.Context) (io.ReadWriteCloser, error) {
+	if !b.caps[CapConsole] {
+		return nil, ErrUnsupported
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	stream, err := b.c.Console(sctx)
+	if err != nil {
+		cancel()
+		return nil, fromStatus(ctx, err)
+	}
+	if err := stream.Send(&driverpb.ConsoleInput{Session: b.session}); err != nil {
+		cancel()
+		return nil, fromStatus(ctx, err)
+	}
+	return &remoteConsole{ctx: sctx, stream: stream, cancel: cancel}, nil
+}
+
+type remoteConsole struct {
+	ctx    context.Context
+	stream driverpb.Driver_ConsoleClient
+	cancel context.CancelFunc
+
+	rmu     sync.Mutex
+	pending []byte
+	wmu     sync.Mutex
+}
+
+func (c *remoteConsole) Read(p []byte) (int, error) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	for len(c.pending) == 0 {
+		out, err := c.stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return 0, io.EOF
+			}
+			if c.ctx.Err() != nil {
+				return 0, io.EOF
+			}
+			return 0, fromStatus(c.ctx, err)
+		}
+		c.pending = out.Data
+	}
+	n := copy(p, c.pending)
+	c.pending = c.pending[n:]
+	return n, nil
+}
+
+func (c *remoteConsole) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := c.stream.Send(&driverpb.ConsoleInput{Data: append([]byte(nil), p...)}); err != nil {
+		return 0, fromStatus(c.ctx, err)
+	}
+	return len(p), nil
+}
+
+func (c *remoteConsole) Close() error {
+	c.cancel()
+	return nil
+}
+
+func (b *RemoteBMC) EventCapabilities(ctx context.Context) (EventCapabilities, error) {
+	if !b.caps[CapEvents] {
+		return EventCapabilities{}, ErrUnsupported
+	}
+	r, err := b.c.EventCapabilities(ctx, &driverpb.SessionRequest{Session: b.session})
+	if err != nil {
+		return EventCapabilities{}, fromStatus(ctx, err)
+	}
+	return EventCapabilities{EventTypes: r.EventTypes, TestEvent: r.TestEvent, EventTypesRequired: r.EventTypesRequired, MaxSubscriptions: int(r.MaxSubscriptions)}, nil
+}
+
+func (b *RemoteBMC) Subscriptions(ctx context.Context) ([]Subscription, error) {
+	if !b.caps[CapEvents] {
+		return nil, ErrUnsupported
+	}
+	r, err := b.c.ListSubscriptions(ctx, &driverpb.SessionRequest{Session: b.session})
+	if err != nil {
+		return nil, fromStatus(ctx, err)
+	}
+	out := make([]Subscription, 0, len(r.Subscriptions))
+	for _, s := range r.Subscriptions {
+		out = append(out, subFromPB(s))
+	}
+	return out, nil
+}
+
+func (b *RemoteBMC) Subscribe(ctx context.Context, s SubscriptionSpec) (Subscription, error) {
+	if !b.caps[CapEvents] {
+		return Subscription{}, ErrUnsupported
+	}
+	req := &driverpb.CreateSubscriptionRequest{Session: b.session, Destination: s.Destination, Context: s.Context, EventTypes: s.EventTypes}
+	if len(s.Headers) > 0 {
+		req.Headers = make(map[string]string, len(s.Headers))
+		for k, v := range s.Headers {
+			req.Headers[k] = v.Reveal()
+		}
+	}
+	r, err := b.c.CreateSubscription(ctx, req)
+	if err != nil {
+		return Subscription{}, fromStatus(ctx, err)
+	}
+	return subFromPB(r), nil
+}
+
+func (b *RemoteBMC) Unsubscribe(ctx context.Context, id string) error {
+	if !b.caps[CapEvents] {
+		return ErrUnsupported
+	}
+	_, err := b.c.DeleteSubscription(ctx, &driverpb.SubscriptionRequest{Session: b.session, Id: id})
+	return fromStatus(ctx, err)
+}
+
+func (b *RemoteBMC) SetSubscriptionContext(ctx context.Context, id, context string) error {
+	if !b.caps[CapEvents] {
+		return ErrUnsupported
+	}
+	_, err := b.c.SetSubscriptionContext(ctx, &driverpb.SubscriptionRequest{Session: b.session, Id: id, Context: context})
+	return fromStatus(ctx, err)
+}
+
+func (b *RemoteBMC) SendTestEvent(ctx context.Context, eventType, message string) error {
+	if !b.caps[CapEvents] {
+		return ErrUnsupported
+	}
+	_, err := b.c.SendTestEvent(ctx, &driverpb.TestEventRequest{Session: b.session, EventType: eventType, Message: message})
+	return fromStatus(ctx, err)
+}

@@ -1,0 +1,286 @@
+// Package sdk is the one package a driver plugin author imports: the driver
+// contract (a two-method core plus optional one-verb capabilities), typed
+// errors that survive the plugin boundary, Serve for the plugin's main, and
+// Start for hosts that run plugins as processes.
+//
+// A driver implements Driver. Open returns a BMC for one node; the BMC
+// advertises what it can do by the optional interfaces it implements
+// (PowerGetter, PowerSetter, BootDeviceSetter, ConsoleOpener, Identifier,
+// EventSubscriber). Capabilities are computed from the value Open returns,
+// never declared by hand.
+//
+// Concurrency: the host serializes calls on one BMC (at most one command in
+// flight per BMC), except that a console stream runs beside other calls.
+// Different BMCs are used in parallel, so a Driver must be safe for
+// concurrent use across BMCs.
+package sdk
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+)
+
+// ProtocolVersion is the version of the host/plugin protocol. A host refuses
+// a plugin that speaks another version.
+const ProtocolVersion = 1
+
+// Driver is the core every plugin implements.
+type Driver interface {
+	// Info describes the driver. It must not do I/O.
+	Info() Info
+	// Open connects to the BMC of one node and returns a handle that stays
+	// usable until Close. Open should fail fast with a classified error
+	// (ErrInvalidArgument for bad options, ErrAuth, ErrUnreachable) and must
+	// honour ctx's deadline.
+	Open(ctx context.Context, n Node) (BMC, error)
+}
+
+// Info describes a driver.
+type Info struct {
+	// Name is the driver name nodes refer to, e.g. "ipmi".
+	Name string
+	// Version is the driver's own version.
+	Version string
+}
+
+// BMC is one opened BMC. Close releases it (logs out, frees sessions); it is
+// idempotent.
+type BMC interface {
+	Close() error
+}
+
+// Node is what a driver is told about one BMC.
+type Node struct {
+	// Name is the node's name in obmesh.
+	Name string
+	// Key identifies one registration of the node: it changes when the node
+	// is deleted and registered again. Drivers that keep per-node state key
+	// it on Key.
+	Key string
+	// Address is the BMC endpoint: host, host:port or URL, as the driver
+	// defines.
+	Address string
+	// Username for the BMC.
+	Username string
+	// Password for the BMC. It redacts itself when printed or logged.
+	Password Secret
+	// Options are driver-specific settings, validated by the driver.
+	Options map[string]string
+}
+
+// Secret is a string that never prints itself: fmt, slog and encoding/json
+// all see "[redacted]". Reveal returns the value.
+type Secret string
+
+// Reveal returns the secret's value.
+func (s Secret) Reveal() string { return string(s) }
+
+// String implements fmt.Stringer.
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return "[redacted]"
+}
+
+// GoString implements fmt.GoStringer so %#v redacts too.
+func (s Secret) GoString() string { return fmt.Sprintf("%q", s.String()) }
+
+// LogValue implements slog.LogValuer.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
+// MarshalText implements encoding.TextMarshaler so JSON and TOML redact.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// PowerAction is a power operation.
+type PowerAction string
+
+// Power actions. Cycle and Reset are hard; SoftOff is an ACPI request the OS
+// may ignore.
+const (
+	PowerOn      PowerAction = "on"
+	PowerOff     PowerAction = "off"      // hard off
+	PowerSoftOff PowerAction = "soft_off" // ACPI shutdown
+	PowerCycle   PowerAction = "cycle"    // hard off, then on
+	PowerReset   PowerAction = "reset"    // hard reset
+)
+
+// Valid reports whether a is one of the defined actions.
+func (a PowerAction) Valid() bool {
+	switch a {
+	case PowerOn, PowerOff, PowerSoftOff, PowerCycle, PowerReset:
+		return true
+	}
+	return false
+}
+
+// PowerState is a machine's power state.
+type PowerState string
+
+// Power states.
+const (
+	StateOn          PowerState = "on"
+	StateOff         PowerState = "off"
+	StatePoweringOn  PowerState = "powering_on"
+	StatePoweringOff PowerState = "powering_off"
+	StateUnknown     PowerState = "unknown"
+)
+
+// PowerStatus is the answer to a power-state read.
+type PowerStatus struct {
+	// State is the normalized state.
+	State PowerState
+	// Raw is the driver's own wording when it differs from State (obmd's
+	// mock answers "Mock Status"); empty otherwise.
+	Raw string
+}
+
+// BootDevice names a boot device. Drivers may accept names beyond the
+// standard ones and must answer ErrInvalidArgument for names they do not know.
+type BootDevice string
+
+// Standard boot devices.
+const (
+	BootPXE   BootDevice = "pxe"
+	BootDisk  BootDevice = "disk"
+	BootCDROM BootDevice = "cdrom"
+	BootBIOS  BootDevice = "bios"
+	BootNone  BootDevice = "none"
+)
+
+// StandardBootDevice reports whether d is one of the standard devices.
+func StandardBootDevice(d BootDevice) bool {
+	switch d {
+	case BootPXE, BootDisk, BootCDROM, BootBIOS, BootNone:
+		return true
+	}
+	return false
+}
+
+// BootOptions qualify a boot device override.
+type BootOptions struct {
+	// Persistent keeps the override for every boot; otherwise it applies
+	// to the next boot only.
+	Persistent bool
+	// EFI asks for a UEFI boot rather than legacy BIOS.
+	EFI bool
+}
+
+// PowerGetter reads power state. It must not change anything.
+type PowerGetter interface {
+	PowerState(ctx context.Context) (PowerStatus, error)
+}
+
+// PowerSetter carries out power actions. An action whose result already holds
+// (On while on) succeeds. An unknown action is ErrInvalidArgument.
+type PowerSetter interface {
+	SetPower(ctx context.Context, a PowerAction) error
+}
+
+// BootDeviceSetter sets the boot device override.
+type BootDeviceSetter interface {
+	SetBootDevice(ctx context.Context, d BootDevice, o BootOptions) error
+}
+
+// ConsoleOpener opens the serial console. At most one console per BMC is
+// open at a time: opening a new one may end the previous one. Reads return
+// console output; writes are typed into the console; Close ends the console
+// session cleanly and is idempotent.
+type ConsoleOpener interface {
+	OpenConsole(ctx context.Context) (io.ReadWriteCloser, error)
+}
+
+// Identity describes a BMC.
+type Identity struct {
+	Vendor   string
+	Model    string
+	Firmware string
+	Extra    map[string]string
+}
+
+// Identifier reports the BMC's identity.
+type Identifier interface {
+	Identity(ctx context.Context) (Identity, error)
+}
+
+// EventCapabilities describe a BMC's event service.
+type EventCapabilities struct {
+	// EventTypes the BMC can send; empty when the BMC does not list them.
+	EventTypes []string
+	// TestEvent reports whether the BMC can send a test event.
+	TestEvent bool
+	// EventTypesRequired reports whether a subscription must name types.
+	EventTypesRequired bool
+	// MaxSubscriptions is the BMC's limit, 0 when unknown.
+	MaxSubscriptions int
+}
+
+// Subscription is one event subscription on a BMC.
+type Subscription struct {
+	ID          string
+	Destination string
+	Context     string
+	EventTypes  []string
+	Protocol    string
+}
+
+// SubscriptionSpec asks for a new subscription.
+type SubscriptionSpec struct {
+	Destination string
+	Context     string
+	EventTypes  []string
+	// Headers are sent with each event; values are secrets.
+	Headers map[string]Secret
+}
+
+// EventSubscriber manages event subscriptions on a BMC.
+type EventSubscriber interface {
+	EventCapabilities(ctx context.Context) (EventCapabilities, error)
+	Subscriptions(ctx context.Context) ([]Subscription, error)
+	Subscribe(ctx context.Context, s SubscriptionSpec) (Subscription, error)
+	Unsubscribe(ctx context.Context, id string) error
+	SetSubscriptionContext(ctx context.Context, id, context string) error
+	SendTestEvent(ctx context.Context, eventType, message string) error
+}
+
+// Capability names a capability on the wire and in listings.
+type Capability string
+
+// Capabilities.
+const (
+	CapPowerGet   Capability = "power_get"
+	CapPowerSet   Capability = "power_set"
+	CapBootDevice Capability = "boot_device"
+	CapConsole    Capability = "console"
+	CapIdentity   Capability = "identity"
+	CapEvents     Capability = "events"
+)
+
+// CapabilitiesOf computes the capabilities a BMC value implements.
+func CapabilitiesOf(b BMC) []Capability {
+	var caps []Capability
+	if c, ok := b.(interface{ Capabilities() []Capability }); ok {
+		return c.Capabilities()
+	}
+	if _, ok := b.(PowerGetter); ok {
+		caps = append(caps, CapPowerGet)
+	}
+	if _, ok := b.(PowerSetter); ok {
+		caps = append(caps, CapPowerSet)
+	}
+	if _, ok := b.(BootDeviceSetter); ok {
+		caps = append(caps, CapBootDevice)
+	}
+	if _, ok := b.(ConsoleOpener); ok {
+		caps = append(caps, CapConsole)
+	}
+	if _, ok := b.(Identifier); ok {
+		caps = append(caps, CapIdentity)
+	}
+	if _, ok := b.(EventSubscriber); ok {
+		caps = append(caps, CapEvents)
+	}
+	return caps
+}

@@ -1,0 +1,322 @@
+package sdk
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"os"
+	"sync"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	"github.com/obmesh/obmesh/plugins/sdk/internal/driverpb"
+)
+
+// Handshake is the go-plugin handshake shared by host and plugin. The magic
+// cookie only stops a plugin binary from being run by hand by mistake; it is
+// not a security measure.
+var Handshake = plugin.HandshakeConfig{
+	ProtocolVersion:  ProtocolVersion,
+	MagicCookieKey:   "OBMESH_PLUGIN_MAGIC_COOKIE",
+	MagicCookieValue: "7c1d0a4f0b3e4b1c9d6e2f8a5b4c3d2e",
+}
+
+// pluginName is the name the driver is dispensed under.
+const pluginName = "driver"
+
+// Serve runs d as a plugin process: it speaks go-plugin's handshake on
+// stdout, serves the driver over gRPC and returns when the host goes away.
+// It is what a plugin's main calls.
+func Serve(d Driver) {
+	plugin.Serve(&plugin.ServeConfig{
+		HandshakeConfig: Handshake,
+		Plugins:         plugin.PluginSet{pluginName: &grpcPlugin{impl: d}},
+		GRPCServer:      plugin.DefaultGRPCServer,
+		Logger: hclog.New(&hclog.LoggerOptions{
+			Name: d.Info().Name, Output: os.Stderr, JSONFormat: true, Level: hclog.Info,
+		}),
+	})
+}
+
+// grpcPlugin adapts a Driver to go-plugin. On the plugin side impl is set; on
+// the host side it is nil.
+type grpcPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	impl Driver
+}
+
+func (p *grpcPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	driverpb.RegisterDriverServer(s, newServer(p.impl))
+	return nil
+}
+
+func (p *grpcPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	return &remoteDriver{c: driverpb.NewDriverClient(c)}, nil
+}
+
+// server is the plugin side: it keeps the opened BMCs by session id.
+type server struct {
+	driverpb.UnimplementedDriverServer
+	d Driver
+
+	mu       sync.Mutex
+	sessions map[string]BMC
+}
+
+func newServer(d Driver) *server {
+	return &server{d: d, sessions: make(map[string]BMC)}
+}
+
+// closeAll closes every open session; used by tests that stop a server.
+func (s *server) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, b := range s.sessions {
+		b.Close()
+		delete(s.sessions, id)
+	}
+}
+
+func (s *server) Info(context.Context, *driverpb.InfoRequest) (*driverpb.InfoResponse, error) {
+	i := s.d.Info()
+	return &driverpb.InfoResponse{Name: i.Name, Version: i.Version}, nil
+}
+
+func (s *server) Open(ctx context.Context, req *driverpb.OpenRequest) (*driverpb.OpenResponse, error) {
+	n := req.GetNode()
+	if n == nil {
+		return nil, toStatus(Errorf(ClassInvalid, "open: no node given"))
+	}
+	b, err := s.d.Open(ctx, Node{
+		Name: n.Name, Key: n.Key, Address: n.Address, Username: n.Username,
+		Password: Secret(n.Password), Options: n.Options,
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	var raw [16]byte
+	rand.Read(raw[:])
+	id := hex.EncodeToString(raw[:])
+	s.mu.Lock()
+	s.sessions[id] = b
+	s.mu.Unlock()
+	resp := &driverpb.OpenResponse{Session: id}
+	for _, c := range CapabilitiesOf(b) {
+		resp.Capabilities = append(resp.Capabilities, string(c))
+	}
+	return resp, nil
+}
+
+func (s *server) Close(_ context.Context, req *driverpb.SessionRequest) (*driverpb.Empty, error) {
+	s.mu.Lock()
+	b, ok := s.sessions[req.Session]
+	delete(s.sessions, req.Session)
+	s.mu.Unlock()
+	if ok {
+		if err := b.Close(); err != nil {
+			return nil, toStatus(err)
+		}
+	}
+	return &driverpb.Empty{}, nil
+}
+
+// capOf returns the session's BMC as T, or a status error: invalid argument
+// for an unknown session, unsupported when the BMC lacks the capability.
+func capOf[T any](s *server, session string) (T, error) {
+	var zero T
+	s.mu.Lock()
+	b, ok := s.sessions[session]
+	s.mu.Unlock()
+	if !ok {
+		return zero, toStatus(Errorf(ClassInvalid, "unknown driver session (it was closed or the plugin restarted)"))
+	}
+	t, ok := b.(T)
+	if !ok {
+		return zero, toStatus(ErrUnsupported)
+	}
+	return t, nil
+}
+
+func (s *server) PowerState(ctx context.Context, req *driverpb.SessionRequest) (*driverpb.PowerStateResponse, error) {
+	g, err := capOf[PowerGetter](s, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	st, err := g.PowerState(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &driverpb.PowerStateResponse{State: string(st.State), Raw: st.Raw}, nil
+}
+
+func (s *server) SetPower(ctx context.Context, req *driverpb.SetPowerRequest) (*driverpb.Empty, error) {
+	p, err := capOf[PowerSetter](s, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	a := PowerAction(req.Action)
+	if !a.Valid() {
+		return nil, toStatus(Errorf(ClassInvalid, "unknown power action %q", req.Action))
+	}
+	return &driverpb.Empty{}, toStatus(p.SetPower(ctx, a))
+}
+
+func (s *server) SetBootDevice(ctx context.Context, req *driverpb.SetBootDeviceRequest) (*driverpb.Empty, error) {
+	b, err := capOf[BootDeviceSetter](s, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	return &driverpb.Empty{}, toStatus(b.SetBootDevice(ctx, BootDevice(req.Device), BootOptions{Persistent: req.Persistent, EFI: req.Efi}))
+}
+
+func (s *server) Identity(ctx context.Context, req *driverpb.SessionRequest) (*driverpb.IdentityResponse, error) {
+	b, err := capOf[Identifier](s, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	id, err := b.Identity(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &driverpb.IdentityResponse{Vendor: id.Vendor, Model: id.Model, Firmware: id.Firmware, Extra: id.Extra}, nil
+}
+
+func (s *server) Console(stream driverpb.Driver_ConsoleServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	o, err := capOf[ConsoleOpener](s, first.Session)
+	if err != nil {
+		return err
+	}
+	ctx := stream.Context()
+	con, err := o.OpenConsole(ctx)
+	if err != nil {
+		return toStatus(err)
+	}
+	defer con.Close()
+	if len(first.Data) > 0 {
+		if _, err := con.Write(first.Data); err != nil {
+			return toStatus(err)
+		}
+	}
+	// Closing the console unblocks a Read when the host goes away.
+	stop := context.AfterFunc(ctx, func() { con.Close() })
+	defer stop()
+	// Input pump: the host's writes go to the console. It exits when Recv
+	// fails, which happens at the latest when this handler returns and the
+	// stream is torn down.
+	go func() {
+		for {
+			in, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			if _, err := con.Write(in.Data); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 4096)
+	for {
+		n, err := con.Read(buf)
+		if n > 0 {
+			if serr := stream.Send(&driverpb.ConsoleOutput{Data: append([]byte(nil), buf[:n]...)}); serr != nil {
+				return serr
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return nil
+			}
+			return toStatus(err)
+		}
+	}
+}
+
+func (s *server) EventCapabilities(ctx context.Context, req *driverpb.SessionRequest) (*driverpb.EventCapabilitiesResponse, error) {
+	e, err := capOf[EventSubscriber](s, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	c, err := e.EventCapabilities(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &driverpb.EventCapabilitiesResponse{
+		EventTypes: c.EventTypes, TestEvent: c.TestEvent,
+		EventTypesRequired: c.EventTypesRequired, MaxSubscriptions: int32(c.MaxSubscriptions),
+	}, nil
+}
+
+func (s *server) ListSubscriptions(ctx context.Context, req *driverpb.SessionRequest) (*driverpb.ListSubscriptionsResponse, error) {
+	e, err := capOf[EventSubscriber](s, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	subs, err := e.Subscriptions(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &driverpb.ListSubscriptionsResponse{}
+	for _, sub := range subs {
+		resp.Subscriptions = append(resp.Subscriptions, subToPB(sub))
+	}
+	return resp, nil
+}
+
+func (s *server) CreateSubscription(ctx context.Context, req *driverpb.CreateSubscriptionRequest) (*driverpb.Subscription, error) {
+	e, err := capOf[EventSubscriber](s, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	spec := SubscriptionSpec{Destination: req.Destination, Context: req.Context, EventTypes: req.EventTypes}
+	if len(req.Headers) > 0 {
+		spec.Headers = make(map[string]Secret, len(req.Headers))
+		for k, v := range req.Headers {
+			spec.Headers[k] = Secret(v)
+		}
+	}
+	sub, err := e.Subscribe(ctx, spec)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return subToPB(sub), nil
+}
+
+func (s *server) DeleteSubscription(ctx context.Context, req *driverpb.SubscriptionRequest) (*driverpb.Empty, error) {
+	e, err := capOf[EventSubscriber](s, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	return &driverpb.Empty{}, toStatus(e.Unsubscribe(ctx, req.Id))
+}
+
+func (s *server) SetSubscriptionContext(ctx context.Context, req *driverpb.SubscriptionRequest) (*driverpb.Empty, error) {
+	e, err := capOf[EventSubscriber](s, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	return &driverpb.Empty{}, toStatus(e.SetSubscriptionContext(ctx, req.Id, req.Context))
+}
+
+func (s *server) SendTestEvent(ctx context.Context, req *driverpb.TestEventRequest) (*driverpb.Empty, error) {
+	e, err := capOf[EventSubscriber](s, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	return &driverpb.Empty{}, toStatus(e.SendTestEvent(ctx, req.EventType, req.Message))
+}
+
+func subToPB(s Subscription) *driverpb.Subscription {
+	return &driverpb.Subscription{Id: s.ID, Destination: s.Destination, Context: s.Context, EventTypes: s.EventTypes, Protocol: s.Protocol}
+}
+
+func subFromPB(s *driverpb.Subscription) Subscription {
+	return Subscription{ID: s.Id, Destination: s.Destination, Context: s.Context, EventTypes: s.EventTypes, Protocol: s.Protocol}
+}
