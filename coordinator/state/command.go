@@ -1,0 +1,219 @@
+package state
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+)
+
+// Command is a typed state change. Each command type has a stable wire name.
+type Command interface {
+	commandType() string
+}
+
+// RegisterNode adds a node. It fails with ErrExists if the name is taken.
+// The node's site is created if it does not exist.
+type RegisterNode struct {
+	Node Node `json:"node"`
+	// StampUnixNano is the leader's clock when it proposed the command.
+	StampUnixNano int64 `json:"stamp_unix_nano"`
+}
+
+// DeleteNode removes a node. It fails with ErrNotFound if there is none.
+type DeleteNode struct {
+	Name string `json:"name"`
+}
+
+// PutSite creates a site if it does not exist.
+type PutSite struct {
+	Name string `json:"name"`
+}
+
+// RegisterAgent records an agent's announcement when it connects. Its sites
+// are created if they do not exist.
+type RegisterAgent struct {
+	Agent         Agent `json:"agent"`
+	StampUnixNano int64 `json:"stamp_unix_nano"`
+}
+
+// DeleteAgent forgets an agent identity.
+type DeleteAgent struct {
+	ID string `json:"id"`
+}
+
+func (RegisterNode) commandType() string  { return "node.register" }
+func (DeleteNode) commandType() string    { return "node.delete" }
+func (PutSite) commandType() string       { return "site.put" }
+func (RegisterAgent) commandType() string { return "agent.register" }
+func (DeleteAgent) commandType() string   { return "agent.delete" }
+
+// envelope is the versioned wrapper of every log entry.
+type envelope struct {
+	Version int    `json:"v"`
+	Type    string `json:"type"`
+	// IgnoreIfUnknown lets an older replica skip a command it does not
+	// know instead of stopping (for commands that only add optional data).
+	IgnoreIfUnknown bool            `json:"ignore_if_unknown,omitempty"`
+	Payload         json.RawMessage `json:"payload"`
+}
+
+// Encode wraps a command in the envelope.
+func Encode(c Command) ([]byte, error) {
+	p, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("state: encode %s: %w", c.commandType(), err)
+	}
+	return json.Marshal(envelope{Version: Version, Type: c.commandType(), Payload: p})
+}
+
+// Decode unwraps an envelope into a command. It returns ErrUndecodable or
+// ErrUnknownCommand (wrapped) for entries this build cannot apply; ignore is
+// true for an unknown command marked ignorable.
+func Decode(data []byte) (c Command, ignore bool, err error) {
+	var env envelope
+	if err := json.Unmarshal(data, &env); err != nil {
+		return nil, false, fmt.Errorf("%w: %v", ErrUndecodable, err)
+	}
+	if env.Version != Version {
+		return nil, false, fmt.Errorf("%w: envelope version %d, this build reads %d", ErrUndecodable, env.Version, Version)
+	}
+	switch env.Type {
+	case "node.register":
+		c, err = decodeAs[RegisterNode](env.Payload)
+	case "node.delete":
+		c, err = decodeAs[DeleteNode](env.Payload)
+	case "site.put":
+		c, err = decodeAs[PutSite](env.Payload)
+	case "agent.register":
+		c, err = decodeAs[RegisterAgent](env.Payload)
+	case "agent.delete":
+		c, err = decodeAs[DeleteAgent](env.Payload)
+	default:
+		if env.IgnoreIfUnknown {
+			return nil, true, nil
+		}
+		return nil, false, fmt.Errorf("%w: %q", ErrUnknownCommand, env.Type)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: %s: %v", ErrUndecodable, env.Type, err)
+	}
+	return c, false, nil
+}
+
+func decodeAs[T Command](p json.RawMessage) (Command, error) {
+	var v T
+	dec := json.NewDecoder(bytes.NewReader(p))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// Result is the outcome of applying one entry. Err is a domain error
+// (ErrNotFound, ErrExists, ErrInvalid), not a fatal one.
+type Result struct {
+	Err  error
+	Node *Node
+}
+
+// Apply decodes and applies one log entry at index. A non-nil error is
+// fatal (see ErrUndecodable, ErrUnknownCommand); domain failures are in
+// Result.Err and leave the state unchanged.
+func (s *State) Apply(index uint64, data []byte) (Result, error) {
+	c, ignore, err := Decode(data)
+	if err != nil {
+		return Result{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if index > s.index {
+		s.index = index
+	}
+	if ignore {
+		return Result{}, nil
+	}
+	return s.apply(index, c), nil
+}
+
+func (s *State) apply(index uint64, c Command) Result {
+	switch c := c.(type) {
+	case RegisterNode:
+		n := c.Node
+		if !ValidName(n.Name) || !ValidName(n.Site) || n.Driver == "" {
+			return Result{Err: fmt.Errorf("%w: node needs a valid name, site and driver", ErrInvalid)}
+		}
+		if _, ok := s.nodes[n.Name]; ok {
+			return Result{Err: fmt.Errorf("node %q: %w", n.Name, ErrExists)}
+		}
+		n.CreateIndex, n.ModifyIndex, n.CreatedUnixNano = index, index, c.StampUnixNano
+		n.Options = normalizeOptions(n.Options)
+		s.ensureSite(index, n.Site)
+		s.nodes[n.Name] = &n
+		out := cloneNode(&n)
+		return Result{Node: &out}
+	case DeleteNode:
+		if _, ok := s.nodes[c.Name]; !ok {
+			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}
+		}
+		delete(s.nodes, c.Name)
+		return Result{}
+	case PutSite:
+		if !ValidName(c.Name) {
+			return Result{Err: fmt.Errorf("%w: site name %q", ErrInvalid, c.Name)}
+		}
+		s.ensureSite(index, c.Name)
+		return Result{}
+	case RegisterAgent:
+		a := c.Agent
+		if !ValidName(a.ID) {
+			return Result{Err: fmt.Errorf("%w: agent id %q", ErrInvalid, a.ID)}
+		}
+		for _, site := range a.Sites {
+			if !ValidName(site) {
+				return Result{Err: fmt.Errorf("%w: site name %q", ErrInvalid, site)}
+			}
+		}
+		a.Sites = slices.Clone(a.Sites)
+		slices.Sort(a.Sites)
+		a.Sites = slices.Compact(a.Sites)
+		for _, site := range a.Sites {
+			s.ensureSite(index, site)
+		}
+		old, ok := s.agents[a.ID]
+		a.LastConnectUnixNano = c.StampUnixNano
+		if ok {
+			a.FirstSeenUnixNano = old.FirstSeenUnixNano
+			a.Connects = old.Connects + 1
+		} else {
+			a.FirstSeenUnixNano = c.StampUnixNano
+			a.Connects = 1
+		}
+		s.agents[a.ID] = &a
+		return Result{}
+	case DeleteAgent:
+		if _, ok := s.agents[c.ID]; !ok {
+			return Result{Err: fmt.Errorf("agent %q: %w", c.ID, ErrNotFound)}
+		}
+		delete(s.agents, c.ID)
+		return Result{}
+	}
+	// Decode only returns known types.
+	panic(fmt.Sprintf("state: apply: unhandled command %T", c))
+}
+
+func (s *State) ensureSite(index uint64, name string) {
+	if _, ok := s.sites[name]; !ok {
+		s.sites[name] = &Site{Name: name, CreateIndex: index}
+	}
+}
+
+// normalizeOptions makes an empty map nil, so snapshots do not depend on
+// whether a caller sent {} or nothing.
+func normalizeOptions(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}

@@ -1,0 +1,258 @@
+// Package state is obmesh's replicated state machine: nodes, sealed
+// credentials, sites and agents. It is pure and deterministic: no network,
+// no clock, no randomness. Anything time-dependent is stamped into a command
+// by the leader before it is proposed, so every replica computes the same
+// state from the same log.
+//
+// Log entries and snapshots are JSON inside a versioned envelope. An entry a
+// replica cannot decode, or a command type it does not know and that is not
+// marked ignorable, is an error the Raft adapter must treat as fatal rather
+// than let replicas diverge.
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Version is the envelope version this code writes and reads.
+const Version = 1
+
+// Domain errors returned in Result.Err. They are not fatal.
+var (
+	ErrNotFound = errors.New("not found")
+	ErrExists   = errors.New("already exists")
+	ErrInvalid  = errors.New("invalid command")
+)
+
+// ErrUndecodable and ErrUnknownCommand are fatal: the entry cannot be applied
+// and skipping it would let replicas diverge.
+var (
+	ErrUndecodable    = errors.New("state: undecodable log entry")
+	ErrUnknownCommand = errors.New("state: unknown command type")
+)
+
+// Sealed is an encrypted secret: AES-256-GCM under the keyring key KeyID.
+// The state machine stores it and never opens it.
+type Sealed struct {
+	KeyID      string `json:"key_id"`
+	Nonce      []byte `json:"nonce"`
+	Ciphertext []byte `json:"ciphertext"`
+}
+
+// IsZero reports whether s holds nothing.
+func (s Sealed) IsZero() bool { return s.KeyID == "" && len(s.Ciphertext) == 0 }
+
+// Node is a registered machine and its BMC.
+type Node struct {
+	Name       string            `json:"name"`
+	Driver     string            `json:"driver"`
+	Site       string            `json:"site"`
+	Address    string            `json:"address"`
+	Username   string            `json:"username,omitempty"`
+	Credential Sealed            `json:"credential"`
+	Options    map[string]string `json:"options,omitempty"`
+	// CreateIndex is the log index that registered the node; with Name it
+	// identifies one registration (drivers key per-node state on it).
+	CreateIndex uint64 `json:"create_index"`
+	ModifyIndex uint64 `json:"modify_index"`
+	// CreatedUnixNano is stamped by the leader.
+	CreatedUnixNano int64 `json:"created_unix_nano"`
+}
+
+// Key identifies this registration of the node.
+func (n *Node) Key() string { return fmt.Sprintf("%s@%d", n.Name, n.CreateIndex) }
+
+// Site is a management network served by agents.
+type Site struct {
+	Name        string `json:"name"`
+	CreateIndex uint64 `json:"create_index"`
+}
+
+// DriverInfo names a driver an agent has.
+type DriverInfo struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// Agent is an agent identity and what it announced when it last connected.
+type Agent struct {
+	ID      string       `json:"id"`
+	Sites   []string     `json:"sites"`
+	Drivers []DriverInfo `json:"drivers"`
+	Version string       `json:"version"`
+	// FirstSeenUnixNano and LastConnectUnixNano are stamped by the leader.
+	FirstSeenUnixNano   int64  `json:"first_seen_unix_nano"`
+	LastConnectUnixNano int64  `json:"last_connect_unix_nano"`
+	Connects            uint64 `json:"connects"`
+}
+
+// State is the replicated state. It is safe for concurrent use: Apply and
+// Restore take a write lock, reads a read lock and return copies.
+type State struct {
+	mu     sync.RWMutex
+	index  uint64
+	nodes  map[string]*Node
+	sites  map[string]*Site
+	agents map[string]*Agent
+}
+
+// New returns an empty state.
+func New() *State {
+	return &State{nodes: map[string]*Node{}, sites: map[string]*Site{}, agents: map[string]*Agent{}}
+}
+
+// Index is the index of the last applied entry.
+func (s *State) Index() uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.index
+}
+
+// Node returns a copy of the named node.
+func (s *State) Node(name string) (Node, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	n, ok := s.nodes[name]
+	if !ok {
+		return Node{}, false
+	}
+	return cloneNode(n), true
+}
+
+// Nodes returns copies of all nodes, sorted by name.
+func (s *State) Nodes() []Node {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]Node, 0, len(s.nodes))
+	for _, n := range s.nodes {
+		out = append(out, cloneNode(n))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Sites returns all sites, sorted by name.
+func (s *State) Sites() []Site {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]Site, 0, len(s.sites))
+	for _, x := range s.sites {
+		out = append(out, *x)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Agents returns copies of all agents, sorted by id.
+func (s *State) Agents() []Agent {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]Agent, 0, len(s.agents))
+	for _, a := range s.agents {
+		c := *a
+		c.Sites = slices.Clone(a.Sites)
+		c.Drivers = slices.Clone(a.Drivers)
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+func cloneNode(n *Node) Node {
+	c := *n
+	c.Credential.Nonce = slices.Clone(n.Credential.Nonce)
+	c.Credential.Ciphertext = slices.Clone(n.Credential.Ciphertext)
+	if n.Options != nil {
+		c.Options = make(map[string]string, len(n.Options))
+		for k, v := range n.Options {
+			c.Options[k] = v
+		}
+	}
+	return c
+}
+
+// ValidName reports whether s is acceptable as a node, site or agent name:
+// 1 to 128 characters from [A-Za-z0-9._:-], not starting with a dot.
+func ValidName(s string) bool {
+	if s == "" || len(s) > 128 || s[0] == '.' {
+		return false
+	}
+	for _, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', strings.ContainsRune("._:-", r):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// snapshot is the snapshot document.
+type snapshot struct {
+	Version int      `json:"v"`
+	Index   uint64   `json:"index"`
+	Nodes   []*Node  `json:"nodes"`
+	Sites   []*Site  `json:"sites"`
+	Agents  []*Agent `json:"agents"`
+}
+
+// Snapshot writes the whole state to w. The output is deterministic: equal
+// states give equal bytes.
+func (s *State) Snapshot(w io.Writer) error {
+	s.mu.RLock()
+	snap := snapshot{Version: Version, Index: s.index}
+	for _, n := range s.nodes {
+		snap.Nodes = append(snap.Nodes, n)
+	}
+	for _, x := range s.sites {
+		snap.Sites = append(snap.Sites, x)
+	}
+	for _, a := range s.agents {
+		snap.Agents = append(snap.Agents, a)
+	}
+	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].Name < snap.Nodes[j].Name })
+	sort.Slice(snap.Sites, func(i, j int) bool { return snap.Sites[i].Name < snap.Sites[j].Name })
+	sort.Slice(snap.Agents, func(i, j int) bool { return snap.Agents[i].ID < snap.Agents[j].ID })
+	b, err := json.Marshal(snap)
+	s.mu.RUnlock()
+	if err != nil {
+		return fmt.Errorf("state: encode snapshot: %w", err)
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+// Restore replaces the state with a snapshot written by Snapshot.
+func (s *State) Restore(r io.Reader) error {
+	var snap snapshot
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&snap); err != nil {
+		return fmt.Errorf("state: decode snapshot: %w", err)
+	}
+	if snap.Version != Version {
+		return fmt.Errorf("state: snapshot version %d, this build reads %d", snap.Version, Version)
+	}
+	ns := New()
+	ns.index = snap.Index
+	for _, n := range snap.Nodes {
+		ns.nodes[n.Name] = n
+	}
+	for _, x := range snap.Sites {
+		ns.sites[x.Name] = x
+	}
+	for _, a := range snap.Agents {
+		ns.agents[a.ID] = a
+	}
+	s.mu.Lock()
+	s.index, s.nodes, s.sites, s.agents = ns.index, ns.nodes, ns.sites, ns.agents
+	s.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,193 @@
+package state
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// randomLog builds a random command log over a small name space so that
+// registers, duplicate registers, deletes of missing nodes and agent
+// reconnects all happen.
+func randomLog(r *rand.Rand, n int) [][]byte {
+	names := []string{"n1", "n2", "n3", "n4", "bad name"}
+	sites := []string{"default", "siteA", "siteB", ""}
+	var log [][]byte
+	for i := range n {
+		var c Command
+		switch r.IntN(6) {
+		case 0, 1:
+			c = RegisterNode{Node: Node{
+				Name: names[r.IntN(len(names))], Driver: "mock", Site: sites[r.IntN(len(sites))],
+				Address: fmt.Sprintf("10.0.0.%d", r.IntN(255)), Username: "admin",
+				Credential: Sealed{KeyID: "k1", Nonce: []byte{byte(i)}, Ciphertext: []byte{1, 2, byte(r.IntN(255))}},
+				Options:    map[string]string{"port": fmt.Sprint(r.IntN(1000))},
+			}, StampUnixNano: int64(i) * 1000}
+		case 2:
+			c = DeleteNode{Name: names[r.IntN(len(names))]}
+		case 3:
+			c = PutSite{Name: sites[r.IntN(len(sites))]}
+		case 4:
+			c = RegisterAgent{Agent: Agent{ID: fmt.Sprintf("agent-%d", r.IntN(3)), Sites: []string{sites[r.IntN(2)], sites[r.IntN(3)]},
+				Drivers: []DriverInfo{{Name: "mock", Version: "1"}}}, StampUnixNano: int64(i)}
+		case 5:
+			c = DeleteAgent{ID: fmt.Sprintf("agent-%d", r.IntN(4))}
+		}
+		b, err := Encode(c)
+		if err != nil {
+			panic(err)
+		}
+		log = append(log, b)
+	}
+	return log
+}
+
+func applyAll(t testing.TB, s *State, log [][]byte) {
+	t.Helper()
+	for i, e := range log {
+		if _, err := s.Apply(uint64(i+1), e); err != nil {
+			t.Fatalf("Apply(%d) = %v", i+1, err)
+		}
+	}
+}
+
+func snap(t testing.TB, s *State) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	if err := s.Snapshot(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// checkDeterminism is the property: one log applied to two fresh states gives
+// identical snapshots, and snapshot then restore gives an identical state.
+func checkDeterminism(t testing.TB, log [][]byte) {
+	a, b := New(), New()
+	applyAll(t, a, log)
+	applyAll(t, b, log)
+	sa, sb := snap(t, a), snap(t, b)
+	if !bytes.Equal(sa, sb) {
+		t.Fatalf("same log, different snapshots:\n%s\n%s", sa, sb)
+	}
+	c := New()
+	if err := c.Restore(bytes.NewReader(sa)); err != nil {
+		t.Fatalf("Restore = %v", err)
+	}
+	if sc := snap(t, c); !bytes.Equal(sa, sc) {
+		t.Fatalf("snapshot → restore → snapshot differs:\n%s\n%s", sa, sc)
+	}
+	// The restored state must also behave the same for further commands.
+	more := randomLog(rand.New(rand.NewPCG(uint64(len(log)), 7)), 20)
+	for i, e := range more {
+		idx := uint64(len(log) + i + 1)
+		ra, _ := a.Apply(idx, e)
+		rc, _ := c.Apply(idx, e)
+		if (ra.Err == nil) != (rc.Err == nil) {
+			t.Fatalf("entry %d: original %v, restored %v", idx, ra.Err, rc.Err)
+		}
+	}
+	if sa, sc := snap(t, a), snap(t, c); !bytes.Equal(sa, sc) {
+		t.Fatalf("original and restored states diverged after more commands")
+	}
+}
+
+func TestState_Determinism(t *testing.T) {
+	for seed := range uint64(200) {
+		r := rand.New(rand.NewPCG(seed, 1))
+		checkDeterminism(t, randomLog(r, 1+r.IntN(80)))
+	}
+}
+
+func FuzzApplyDeterminism(f *testing.F) {
+	for seed := range uint64(8) {
+		f.Add(seed, uint8(20+seed*10))
+	}
+	f.Fuzz(func(t *testing.T, seed uint64, n uint8) {
+		checkDeterminism(t, randomLog(rand.New(rand.NewPCG(seed, 2)), int(n)))
+	})
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, c := range []Command{RegisterNode{Node: Node{Name: "a", Driver: "mock", Site: "s"}}, DeleteNode{Name: "a"}, PutSite{Name: "x"}} {
+		b, _ := Encode(c)
+		f.Add(b)
+	}
+	f.Add([]byte(`{"v":1,"type":"future.thing","ignore_if_unknown":true,"payload":{}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s := New()
+		res, err := s.Apply(1, data)
+		if err != nil && !errors.Is(err, ErrUndecodable) && !errors.Is(err, ErrUnknownCommand) {
+			t.Fatalf("Apply returned an unclassified fatal error: %v", err)
+		}
+		_ = res
+		if err == nil {
+			checkDeterminism(t, [][]byte{data})
+		}
+	})
+}
+
+func TestState_RegisterDelete(t *testing.T) {
+	s := New()
+	enc := func(c Command) []byte { b, _ := Encode(c); return b }
+	n := Node{Name: "n1", Driver: "mock", Site: "siteA", Credential: Sealed{KeyID: "k", Ciphertext: []byte("x")}}
+	res, err := s.Apply(5, enc(RegisterNode{Node: n, StampUnixNano: 42}))
+	if err != nil || res.Err != nil {
+		t.Fatalf("register = %v, %v", err, res.Err)
+	}
+	got, ok := s.Node("n1")
+	if !ok || got.CreateIndex != 5 || got.CreatedUnixNano != 42 || got.Key() != "n1@5" {
+		t.Fatalf("Node(n1) = %+v, %v", got, ok)
+	}
+	if sites := s.Sites(); len(sites) != 1 || sites[0].Name != "siteA" {
+		t.Errorf("Sites() = %v, want [siteA] created by the register", sites)
+	}
+	if res, _ := s.Apply(6, enc(RegisterNode{Node: n})); !errors.Is(res.Err, ErrExists) {
+		t.Errorf("second register = %v, want ErrExists", res.Err)
+	}
+	if res, _ := s.Apply(7, enc(DeleteNode{Name: "n1"})); res.Err != nil {
+		t.Errorf("delete = %v", res.Err)
+	}
+	if res, _ := s.Apply(8, enc(DeleteNode{Name: "n1"})); !errors.Is(res.Err, ErrNotFound) {
+		t.Errorf("delete missing = %v, want ErrNotFound", res.Err)
+	}
+	if res, _ := s.Apply(9, enc(RegisterNode{Node: Node{Name: "has space", Driver: "mock", Site: "s"}})); !errors.Is(res.Err, ErrInvalid) {
+		t.Errorf("register bad name = %v, want ErrInvalid", res.Err)
+	}
+	if s.Index() != 9 {
+		t.Errorf("Index() = %d, want 9", s.Index())
+	}
+}
+
+func TestState_ReadsAreCopies(t *testing.T) {
+	s := New()
+	b, _ := Encode(RegisterNode{Node: Node{Name: "n", Driver: "mock", Site: "s", Options: map[string]string{"a": "1"}}})
+	s.Apply(1, b)
+	n, _ := s.Node("n")
+	n.Options["a"] = "changed"
+	if again, _ := s.Node("n"); again.Options["a"] != "1" {
+		t.Errorf("mutating a read changed the state")
+	}
+}
+
+func TestDecode_FatalAndIgnorable(t *testing.T) {
+	cases := []struct {
+		in      string
+		wantErr error
+		ignore  bool
+	}{
+		{`not json`, ErrUndecodable, false},
+		{`{"v":2,"type":"node.delete","payload":{"name":"a"}}`, ErrUndecodable, false},
+		{`{"v":1,"type":"node.delete","payload":{"name":"a","extra":1}}`, ErrUndecodable, false},
+		{`{"v":1,"type":"node.rename","payload":{}}`, ErrUnknownCommand, false},
+		{`{"v":1,"type":"node.rename","ignore_if_unknown":true,"payload":{}}`, nil, true},
+	}
+	for _, c := range cases {
+		_, ignore, err := Decode([]byte(c.in))
+		if !errors.Is(err, c.wantErr) || (c.wantErr == nil && err != nil) || ignore != c.ignore {
+			t.Errorf("Decode(%s) = ignore %v, err %v; want ignore %v, err %v", c.in, ignore, err, c.ignore, c.wantErr)
+		}
+	}
+}

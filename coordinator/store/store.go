@@ -1,0 +1,296 @@
+// Package store owns the Raft group: it is the only package that imports
+// hashicorp/raft and raft-boltdb. It proposes commands of package state,
+// returns only after they commit, and answers *NotLeaderError (matching
+// ErrNotLeader, carrying the leader's address) on a follower, so a
+// forwarding layer can wrap it.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/obmesh/obmesh/coordinator/state"
+	"github.com/obmesh/obmesh/internal/logging"
+)
+
+// ErrNotLeader is matched by every *NotLeaderError.
+var ErrNotLeader = errors.New("not the leader")
+
+// ErrNoLeader means the group has no leader right now (election running,
+// or quorum lost).
+var ErrNoLeader = errors.New("no leader: the coordinator group has no quorum right now")
+
+// NotLeaderError is returned by writes on a follower.
+type NotLeaderError struct {
+	// LeaderAddr is the leader's Raft address, LeaderID its server id;
+	// both empty when no leader is known.
+	LeaderAddr string
+	LeaderID   string
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.LeaderID == "" {
+		return "not the leader (leader unknown)"
+	}
+	return fmt.Sprintf("not the leader (leader is %s at %s)", e.LeaderID, e.LeaderAddr)
+}
+
+// Is makes errors.Is(err, ErrNotLeader) true.
+func (e *NotLeaderError) Is(target error) bool { return target == ErrNotLeader }
+
+// Config configures a Store.
+type Config struct {
+	// ID is this server's Raft id; unique in the group.
+	ID string
+	// Dir holds raft.db and snapshots.
+	Dir string
+	// BindAddr is the Raft TCP listen address; AdvertiseAddr what peers
+	// dial (defaults to BindAddr).
+	BindAddr, AdvertiseAddr string
+	// Bootstrap makes a fresh server bootstrap a group of Peers (itself
+	// alone when Peers is empty). It is ignored when state already exists.
+	Bootstrap bool
+	Peers     []Peer
+	// ApplyTimeout bounds a write when the caller's context has no deadline.
+	ApplyTimeout time.Duration
+	// SnapshotThreshold is how many log entries trigger a snapshot; zero
+	// means raft's default.
+	SnapshotThreshold uint64
+}
+
+// Peer is a group member.
+type Peer struct {
+	ID, Addr string
+}
+
+// Store is one member of the Raft group.
+type Store struct {
+	cfg    Config
+	logger *slog.Logger
+	state  *state.State
+
+	raft      *raft.Raft
+	boltStore *raftboltdb.BoltStore
+	transport *raft.NetworkTransport
+}
+
+// New returns an unopened store. It does no I/O.
+func New(cfg Config, logger *slog.Logger) (*Store, error) {
+	if cfg.ID == "" || cfg.Dir == "" || cfg.BindAddr == "" {
+		return nil, errors.New("store: id, dir and bind address are required")
+	}
+	if cfg.AdvertiseAddr == "" {
+		cfg.AdvertiseAddr = cfg.BindAddr
+	}
+	if cfg.ApplyTimeout == 0 {
+		cfg.ApplyTimeout = 10 * time.Second
+	}
+	return &Store{cfg: cfg, logger: logger.With("component", "store"), state: state.New()}, nil
+}
+
+// State is the local replica's state, for reads. Reads on a follower may be
+// stale; use VerifyLeader first for a linearizable read.
+func (s *Store) State() *state.State { return s.state }
+
+// Open starts Raft: it opens the log, binds the transport and bootstraps if
+// configured and fresh.
+func (s *Store) Open() error {
+	if err := os.MkdirAll(s.cfg.Dir, 0o700); err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	hl := logging.HCLog(s.logger, "raft")
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(s.cfg.ID)
+	rc.Logger = hl
+	if s.cfg.SnapshotThreshold > 0 {
+		rc.SnapshotThreshold = s.cfg.SnapshotThreshold
+	}
+	bs, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(s.cfg.Dir, "raft.db")})
+	if err != nil {
+		return fmt.Errorf("store: open raft.db: %w", err)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(s.cfg.Dir, 2, hl)
+	if err != nil {
+		bs.Close()
+		return fmt.Errorf("store: snapshots: %w", err)
+	}
+	adv, err := net.ResolveTCPAddr("tcp", s.cfg.AdvertiseAddr)
+	if err != nil {
+		bs.Close()
+		return fmt.Errorf("store: advertise address %q: %w", s.cfg.AdvertiseAddr, err)
+	}
+	tr, err := raft.NewTCPTransportWithLogger(s.cfg.BindAddr, adv, 3, 10*time.Second, hl)
+	if err != nil {
+		bs.Close()
+		return fmt.Errorf("store: raft listen %s: %w", s.cfg.BindAddr, err)
+	}
+	existing, err := raft.HasExistingState(bs, bs, snaps)
+	if err != nil {
+		bs.Close()
+		tr.Close()
+		return fmt.Errorf("store: %w", err)
+	}
+	r, err := raft.NewRaft(rc, (*fsm)(s), bs, bs, snaps, tr)
+	if err != nil {
+		bs.Close()
+		tr.Close()
+		return fmt.Errorf("store: start raft: %w", err)
+	}
+	s.raft, s.boltStore, s.transport = r, bs, tr
+	if s.cfg.Bootstrap && !existing {
+		servers := []raft.Server{{ID: rc.LocalID, Address: tr.LocalAddr()}}
+		for _, p := range s.cfg.Peers {
+			if p.ID != s.cfg.ID {
+				servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
+			}
+		}
+		if err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+			return fmt.Errorf("store: bootstrap: %w", err)
+		}
+	}
+	return nil
+}
+
+// Close shuts Raft down and closes the log. It is safe to call on an
+// unopened store.
+func (s *Store) Close() error {
+	if s.raft == nil {
+		return nil
+	}
+	err := s.raft.Shutdown().Error()
+	if cerr := s.transport.Close(); err == nil {
+		err = cerr
+	}
+	if cerr := s.boltStore.Close(); err == nil {
+		err = cerr
+	}
+	s.raft = nil
+	return err
+}
+
+// RaftAddr is the address peers reach this server at.
+func (s *Store) RaftAddr() string { return string(s.transport.LocalAddr()) }
+
+// ID is this server's id.
+func (s *Store) ID() string { return s.cfg.ID }
+
+// IsLeader reports whether this server is the leader now.
+func (s *Store) IsLeader() bool { return s.raft.State() == raft.Leader }
+
+// Leader returns the leader's Raft address and id, empty if unknown.
+func (s *Store) Leader() (addr, id string) {
+	a, i := s.raft.LeaderWithID()
+	return string(a), string(i)
+}
+
+// Epoch is the current Raft term. Operations are stamped with the leader's
+// epoch so agents can refuse operations from a deposed leader.
+func (s *Store) Epoch() uint64 {
+	t, _ := strconv.ParseUint(s.raft.Stats()["term"], 10, 64)
+	return t
+}
+
+// LeaderCh delivers true when this server becomes leader and false when it
+// stops being leader.
+func (s *Store) LeaderCh() <-chan bool { return s.raft.LeaderCh() }
+
+// WaitForLeader waits until the group has a leader, bounded by ctx.
+func (s *Store) WaitForLeader(ctx context.Context) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if a, _ := s.raft.LeaderWithID(); a != "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("store: waiting for a leader: %w", ErrNoLeader)
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Store) notLeader() error {
+	a, id := s.Leader()
+	return &NotLeaderError{LeaderAddr: a, LeaderID: id}
+}
+
+// Apply proposes c and waits until it is committed and applied. On a
+// follower it returns a *NotLeaderError. A domain failure (ErrExists, ...)
+// is returned as the error too, unwrapped from the result.
+func (s *Store) Apply(ctx context.Context, c state.Command) (state.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return state.Result{}, err
+	}
+	if s.raft.State() != raft.Leader {
+		return state.Result{}, s.notLeader()
+	}
+	data, err := state.Encode(c)
+	if err != nil {
+		return state.Result{}, err
+	}
+	timeout := s.cfg.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	f := s.raft.Apply(data, timeout)
+	if err := f.Error(); err != nil {
+		switch {
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+			return state.Result{}, s.notLeader()
+		case errors.Is(err, raft.ErrEnqueueTimeout):
+			return state.Result{}, fmt.Errorf("store: write not committed in time: %w", context.DeadlineExceeded)
+		}
+		return state.Result{}, fmt.Errorf("store: apply: %w", err)
+	}
+	res, _ := f.Response().(state.Result)
+	return res, res.Err
+}
+
+// VerifyLeader confirms this server is still the leader with a quorum, so
+// a following read of State is linearizable.
+func (s *Store) VerifyLeader(ctx context.Context) error {
+	if s.raft.State() != raft.Leader {
+		return s.notLeader()
+	}
+	done := make(chan error, 1)
+	f := s.raft.VerifyLeader()
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return s.notLeader()
+		}
+		return nil
+	case <-ctx.Done():
+		// The future completes on its own (raft bounds it); the goroutine
+		// then exits through the buffered channel.
+		return ctx.Err()
+	}
+}
+
+// Servers lists the group's configuration.
+func (s *Store) Servers() ([]Peer, error) {
+	f := s.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, err
+	}
+	var out []Peer
+	for _, srv := range f.Configuration().Servers {
+		out = append(out, Peer{ID: string(srv.ID), Addr: string(srv.Address)})
+	}
+	return out, nil
+}
+
+// Snapshot forces a snapshot now.
+func (s *Store) Snapshot() error { return s.raft.Snapshot().Error() }
