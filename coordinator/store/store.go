@@ -89,9 +89,6 @@ func New(cfg Config, logger *slog.Logger) (*Store, error) {
 	if cfg.ID == "" || cfg.Dir == "" || cfg.BindAddr == "" {
 		return nil, errors.New("store: id, dir and bind address are required")
 	}
-	if cfg.AdvertiseAddr == "" {
-		cfg.AdvertiseAddr = cfg.BindAddr
-	}
 	if cfg.ApplyTimeout == 0 {
 		cfg.ApplyTimeout = 10 * time.Second
 	}
@@ -124,10 +121,16 @@ func (s *Store) Open() error {
 		bs.Close()
 		return fmt.Errorf("store: snapshots: %w", err)
 	}
-	adv, err := net.ResolveTCPAddr("tcp", s.cfg.AdvertiseAddr)
-	if err != nil {
-		bs.Close()
-		return fmt.Errorf("store: advertise address %q: %w", s.cfg.AdvertiseAddr, err)
+	// With no advertise address the transport advertises what it bound
+	// (which also resolves a ":0" port).
+	var adv net.Addr
+	if s.cfg.AdvertiseAddr != "" {
+		a, err := net.ResolveTCPAddr("tcp", s.cfg.AdvertiseAddr)
+		if err != nil {
+			bs.Close()
+			return fmt.Errorf("store: advertise address %q: %w", s.cfg.AdvertiseAddr, err)
+		}
+		adv = a
 	}
 	tr, err := raft.NewTCPTransportWithLogger(s.cfg.BindAddr, adv, 3, 10*time.Second, hl)
 	if err != nil {

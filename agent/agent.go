@@ -1,0 +1,317 @@
+// Package agent builds and runs one agent: it supervises the driver plugins
+// (package pluginhost), dials the coordinators over mutual TLS, announces
+// its id, sites and drivers, carries out the operations the leader sends and
+// streams results back, reconnecting with backoff when the link drops.
+//
+// Fencing: every operation carries the leader's epoch. The agent remembers
+// the highest epoch it has seen and refuses operations from an older one, so
+// an operation handed out by a deposed leader is never carried out.
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/obmesh/obmesh/agent/pluginhost"
+	"github.com/obmesh/obmesh/internal/agentpb"
+	"github.com/obmesh/obmesh/internal/tlsutil"
+	"github.com/obmesh/obmesh/plugins/sdk"
+)
+
+// Version is announced to the coordinator.
+var Version = "0.1.0-dev"
+
+// Agent is one agent.
+type Agent struct {
+	cfg    Config
+	logger *slog.Logger
+	host   *pluginhost.Host
+
+	highestEpoch atomic.Uint64
+	connected    atomic.Bool
+}
+
+// New validates cfg and returns an agent. It does no I/O beyond listing the
+// plugin directory.
+func New(cfg Config, logger *slog.Logger) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("agent config: %w", err)
+	}
+	mk := cfg.PluginCommand
+	if mk == nil {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("agent: find own executable: %w", err)
+		}
+		mk = func(name string) *exec.Cmd { return exec.Command(self, "plugin", name) }
+	}
+	cmds := map[string]func() *exec.Cmd{}
+	for _, name := range cfg.Plugins.Builtin {
+		cmds[name] = func() *exec.Cmd { return mk(name) }
+	}
+	cmds, err := pluginhost.Discover(cfg.Plugins.Dir, cmds)
+	if err != nil {
+		return nil, err
+	}
+	logger = logger.With("agent", cfg.ID)
+	return &Agent{cfg: cfg, logger: logger,
+		host: pluginhost.New(pluginhost.Config{Commands: cmds, RestartBackoff: cfg.Plugins.RestartBackoff.D()}, logger)}, nil
+}
+
+// Drivers lists the agent's plugins.
+func (a *Agent) Drivers() []pluginhost.DriverInfo { return a.host.Drivers() }
+
+// Connected reports whether the agent is currently welcomed by a leader.
+func (a *Agent) Connected() bool { return a.connected.Load() }
+
+// Run starts the plugins and keeps a link to the leader until ctx ends. It
+// returns after every goroutine and plugin process it started is gone.
+func (a *Agent) Run(ctx context.Context) error {
+	tlsCfg, err := tlsutil.ClientConfig(tlsutil.Files{CA: a.cfg.TLS.CAFile, Cert: a.cfg.TLS.CertFile, Key: a.cfg.TLS.KeyFile})
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	if err := a.host.Start(); err != nil {
+		a.host.Run(context.Background()) // stops whatever did start
+		return fmt.Errorf("agent: no driver plugin could be started: %w", err)
+	}
+	var wg sync.WaitGroup
+	hctx, hcancel := context.WithCancel(context.Background())
+	wg.Go(func() { a.host.Run(hctx) })
+	defer func() {
+		hcancel()
+		wg.Wait()
+	}()
+
+	backoff := a.cfg.Link.BackoffMin.D()
+	for i := 0; ; i++ {
+		addr := a.cfg.Coordinators[i%len(a.cfg.Coordinators)]
+		welcomed, err := a.session(ctx, addr, tlsCfg)
+		a.connected.Store(false)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if welcomed {
+			backoff = a.cfg.Link.BackoffMin.D()
+		}
+		a.logger.Warn("coordinator link down; reconnecting", "coordinator", addr, "err", err, "backoff", backoff)
+		// Full jitter keeps a fleet of agents from reconnecting in step.
+		wait := backoff/2 + rand.N(backoff/2+1)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		backoff = min(backoff*2, a.cfg.Link.BackoffMax.D())
+	}
+}
+
+var errRedirect = errors.New("coordinator is not the leader")
+
+// session runs one link to addr. It reports whether the coordinator
+// welcomed the agent.
+func (a *Agent) session(ctx context.Context, addr string, base *tls.Config) (bool, error) {
+	tc := base.Clone()
+	tc.ServerName = a.cfg.TLS.ServerName
+	if tc.ServerName == "" {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return false, fmt.Errorf("coordinator address %q: %w", addr, err)
+		}
+		tc.ServerName = host
+	}
+	cc, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(credentials.NewTLS(tc)),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	if err != nil {
+		return false, err
+	}
+	defer cc.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := agentpb.NewAgentLinkClient(cc).Connect(sctx)
+	if err != nil {
+		return false, err
+	}
+	var sendMu sync.Mutex
+	send := func(m *agentpb.AgentMessage) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return stream.Send(m)
+	}
+	hello := &agentpb.Hello{AgentId: a.cfg.ID, Sites: a.cfg.Sites, Version: Version, HighestEpoch: a.highestEpoch.Load()}
+	for _, d := range a.host.Drivers() {
+		hello.Drivers = append(hello.Drivers, &agentpb.Driver{Name: d.Name, Version: d.Version})
+	}
+	// The hello exchange is bounded: a coordinator that accepts the TCP
+	// connection but never answers must not hold the agent.
+	helloTimer := time.AfterFunc(a.cfg.Link.DialTimeout.D(), cancel)
+	if err := send(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_Hello{Hello: hello}}); err != nil {
+		helloTimer.Stop()
+		return false, err
+	}
+	first, err := stream.Recv()
+	if !helloTimer.Stop() {
+		return false, fmt.Errorf("no welcome from %s within %v", addr, a.cfg.Link.DialTimeout.D())
+	}
+	if err != nil {
+		return false, err
+	}
+	if first.GetRedirect() != nil {
+		return false, errRedirect
+	}
+	w := first.GetWelcome()
+	if w == nil {
+		return false, errors.New("coordinator sent no welcome")
+	}
+	a.raiseEpoch(w.Epoch)
+	a.connected.Store(true)
+	a.logger.Info("connected to coordinator", "coordinator", w.CoordinatorId, "addr", addr, "epoch", w.Epoch)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel() // runs before wg.Wait: ends heartbeats and operations
+	hb := time.Duration(w.HeartbeatIntervalMs) * time.Millisecond
+	if hb <= 0 {
+		hb = 2 * time.Second
+	}
+	wg.Go(func() {
+		t := time.NewTicker(hb)
+		defer t.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case now := <-t.C:
+				if err := send(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_Heartbeat{Heartbeat: &agentpb.Heartbeat{SentUnixNano: now.UnixNano()}}}); err != nil {
+					cancel()
+					return
+				}
+			}
+		}
+	})
+	var opsMu sync.Mutex
+	inflight := map[string]context.CancelFunc{}
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return true, err
+		}
+		switch {
+		case m.GetOperation() != nil:
+			op := m.GetOperation()
+			if op.Epoch < a.highestEpoch.Load() {
+				a.logger.Warn("refusing operation from a stale epoch", "op", op.Id, "epoch", op.Epoch, "highest", a.highestEpoch.Load())
+				send(result(op.Id, time.Now(), 0, sdk.Errorf("rejected", "operation from epoch %d refused: this agent has seen epoch %d", op.Epoch, a.highestEpoch.Load()), nil))
+				continue
+			}
+			a.raiseEpoch(op.Epoch)
+			octx, ocancel := context.WithDeadline(sctx, time.Unix(0, op.DeadlineUnixNano).Add(-resultMargin))
+			opsMu.Lock()
+			inflight[op.Id] = ocancel
+			opsMu.Unlock()
+			wg.Go(func() {
+				defer func() {
+					opsMu.Lock()
+					delete(inflight, op.Id)
+					opsMu.Unlock()
+					ocancel()
+				}()
+				send(a.execute(octx, op))
+			})
+		case m.GetCancel() != nil:
+			opsMu.Lock()
+			if c, ok := inflight[m.GetCancel().Id]; ok {
+				c()
+			}
+			opsMu.Unlock()
+		case m.GetRedirect() != nil:
+			return true, errRedirect
+		}
+	}
+}
+
+// resultMargin is taken off an operation's deadline so a timeout result
+// still reaches the coordinator before it gives up.
+const resultMargin = 250 * time.Millisecond
+
+func (a *Agent) raiseEpoch(e uint64) {
+	for {
+		cur := a.highestEpoch.Load()
+		if e <= cur || a.highestEpoch.CompareAndSwap(cur, e) {
+			return
+		}
+	}
+}
+
+// execute runs one operation through the plugin host.
+func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.AgentMessage {
+	start := time.Now()
+	pn := op.GetNode()
+	if pn == nil {
+		return result(op.Id, start, 0, sdk.Errorf(sdk.ClassInvalid, "operation without a node"), nil)
+	}
+	n := sdk.Node{Name: pn.Name, Key: pn.Key, Address: pn.Address, Username: pn.Username, Password: sdk.Secret(pn.Password), Options: pn.Options}
+	var pluginTime time.Duration
+	var status *sdk.PowerStatus
+	err := a.host.Do(ctx, pn.Driver, n, func(ctx context.Context, b sdk.BMC) error {
+		t0 := time.Now()
+		defer func() { pluginTime = time.Since(t0) }()
+		switch op.Action {
+		case "power_on", "power_off", "power_soft_off", "power_cycle", "power_reset":
+			p, ok := b.(sdk.PowerSetter)
+			if !ok {
+				return sdk.ErrUnsupported
+			}
+			return p.SetPower(ctx, sdk.PowerAction(strings.TrimPrefix(op.Action, "power_")))
+		case "power_status":
+			g, ok := b.(sdk.PowerGetter)
+			if !ok {
+				return sdk.ErrUnsupported
+			}
+			st, err := g.PowerState(ctx)
+			status = &st
+			return err
+		case "boot_device":
+			s, ok := b.(sdk.BootDeviceSetter)
+			if !ok {
+				return sdk.ErrUnsupported
+			}
+			return s.SetBootDevice(ctx, sdk.BootDevice(op.BootDevice), sdk.BootOptions{Persistent: op.Persistent, EFI: op.Efi})
+		}
+		return sdk.Errorf(sdk.ClassInvalid, "unknown action %q", op.Action)
+	})
+	if err != nil && pn.Password != "" {
+		// Drivers should never echo a password; make sure of it.
+		err = sdk.Errorf(sdk.ClassOf(err), "%s", strings.ReplaceAll(err.Error(), pn.Password, "[redacted]"))
+	}
+	a.logger.Info("operation", "op", op.Id, "node", pn.Name, "action", op.Action, "ok", err == nil, "class", sdk.ClassOf(err))
+	return result(op.Id, start, pluginTime, err, status)
+}
+
+func result(id string, start time.Time, pluginTime time.Duration, err error, st *sdk.PowerStatus) *agentpb.AgentMessage {
+	r := &agentpb.OperationResult{Id: id, Ok: err == nil, AgentNs: int64(time.Since(start)), PluginNs: int64(pluginTime)}
+	if err != nil {
+		r.ErrorClass, r.ErrorMessage = string(sdk.ClassOf(err)), err.Error()
+	}
+	if st != nil && err == nil {
+		r.PowerState, r.RawState = string(st.State), st.Raw
+	}
+	return &agentpb.AgentMessage{Msg: &agentpb.AgentMessage_Result{Result: r}}
+}

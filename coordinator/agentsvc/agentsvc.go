@@ -1,0 +1,377 @@
+// Package agentsvc is the coordinator's end of the agent link: the gRPC
+// service agents connect to, the registry of connected agents and their
+// health, and Dispatch, which routes an operation to a healthy agent of the
+// node's site and waits for its result.
+package agentsvc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/obmesh/obmesh/coordinator/state"
+	"github.com/obmesh/obmesh/internal/agentpb"
+	"github.com/obmesh/obmesh/internal/tlsutil"
+)
+
+// ErrNoAgent is matched by *NoAgentError.
+var ErrNoAgent = errors.New("no agent")
+
+// NoAgentError means no healthy agent serving the site (with the driver)
+// was connected within the wait.
+type NoAgentError struct {
+	Site, Driver string
+}
+
+func (e *NoAgentError) Error() string {
+	return fmt.Sprintf("no healthy agent with driver %q is connected for site %q", e.Driver, e.Site)
+}
+
+// Is matches ErrNoAgent.
+func (e *NoAgentError) Is(t error) bool { return t == ErrNoAgent }
+
+// ErrOutcomeUnknown means the operation reached an agent but no result came
+// back: the agent disconnected or the deadline passed first.
+var ErrOutcomeUnknown = errors.New("operation outcome unknown")
+
+// Leadership is what the service needs from the store.
+type Leadership interface {
+	IsLeader() bool
+	Epoch() uint64
+	Apply(ctx context.Context, c state.Command) (state.Result, error)
+}
+
+// Config configures the service.
+type Config struct {
+	// ID is the coordinator's id, reported to agents.
+	ID string
+	// Heartbeat is how often agents send heartbeats; an agent silent for
+	// three intervals is lost. Zero means 2s.
+	Heartbeat time.Duration
+	// AgentWait is how long Dispatch waits for an agent of the site to
+	// connect before failing; zero means 5s (bounded by the caller's
+	// deadline).
+	AgentWait time.Duration
+}
+
+// Service implements agentpb.AgentLinkServer.
+type Service struct {
+	agentpb.UnimplementedAgentLinkServer
+	cfg    Config
+	lead   Leadership
+	logger *slog.Logger
+
+	mu      sync.Mutex
+	conns   map[string]*conn // by agent id
+	changed chan struct{}    // closed and replaced when conns change
+}
+
+// New returns a service. It does no I/O.
+func New(cfg Config, lead Leadership, logger *slog.Logger) *Service {
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = 2 * time.Second
+	}
+	if cfg.AgentWait == 0 {
+		cfg.AgentWait = 5 * time.Second
+	}
+	return &Service{cfg: cfg, lead: lead, logger: logger.With("component", "agentsvc"),
+		conns: map[string]*conn{}, changed: make(chan struct{})}
+}
+
+// conn is one connected agent.
+type conn struct {
+	id      string
+	sites   []string
+	drivers []string
+	version string
+	stream  agentpb.AgentLink_ConnectServer
+	cancel  context.CancelFunc
+
+	sendMu sync.Mutex
+
+	mu          sync.Mutex
+	lastContact time.Time
+	pending     map[string]chan *agentpb.OperationResult
+	closed      bool
+}
+
+func (c *conn) send(m *agentpb.CoordinatorMessage) error {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	return c.stream.Send(m)
+}
+
+func (s *Service) notifyLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// Connect serves one agent's control stream.
+func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
+	ctx := stream.Context()
+	certName, err := agentIdentity(ctx)
+	if err != nil {
+		return status.Error(codes.PermissionDenied, err.Error())
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return status.Error(codes.InvalidArgument, "first message must be hello")
+	}
+	if hello.AgentId != certName {
+		return status.Errorf(codes.PermissionDenied, "agent id %q does not match its certificate (%q)", hello.AgentId, certName)
+	}
+	if !state.ValidName(hello.AgentId) || len(hello.Sites) == 0 {
+		return status.Error(codes.InvalidArgument, "agent needs a valid id and at least one site")
+	}
+	for _, site := range hello.Sites {
+		if !state.ValidName(site) {
+			return status.Errorf(codes.InvalidArgument, "invalid site name %q", site)
+		}
+	}
+	if !s.lead.IsLeader() {
+		// Agents follow the leader; tell this one to look elsewhere.
+		return stream.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Redirect{Redirect: &agentpb.Redirect{}}})
+	}
+	var drivers []state.DriverInfo
+	var driverNames []string
+	for _, d := range hello.Drivers {
+		drivers = append(drivers, state.DriverInfo{Name: d.Name, Version: d.Version})
+		driverNames = append(driverNames, d.Name)
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = s.lead.Apply(rctx, state.RegisterAgent{Agent: state.Agent{ID: hello.AgentId, Sites: hello.Sites, Drivers: drivers, Version: hello.Version}, StampUnixNano: time.Now().UnixNano()})
+	rcancel()
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "register agent: %v", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	c := &conn{id: hello.AgentId, sites: slices.Clone(hello.Sites), drivers: driverNames, version: hello.Version,
+		stream: stream, cancel: cancel, lastContact: time.Now(), pending: map[string]chan *agentpb.OperationResult{}}
+	if err := c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{
+		Epoch: s.lead.Epoch(), CoordinatorId: s.cfg.ID, HeartbeatIntervalMs: s.cfg.Heartbeat.Milliseconds(),
+	}}}); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if old, ok := s.conns[c.id]; ok {
+		old.cancel() // a reconnecting agent replaces its old stream
+	}
+	s.conns[c.id] = c
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.logger.Info("agent connected", "agent", c.id, "sites", c.sites, "drivers", driverNames)
+
+	defer func() {
+		s.mu.Lock()
+		if s.conns[c.id] == c {
+			delete(s.conns, c.id)
+			s.notifyLocked()
+		}
+		s.mu.Unlock()
+		c.mu.Lock()
+		c.closed = true
+		for id, ch := range c.pending {
+			close(ch) // Dispatch sees a closed channel: outcome unknown
+			delete(c.pending, id)
+		}
+		c.mu.Unlock()
+		s.logger.Info("agent disconnected", "agent", c.id)
+	}()
+
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			c.mu.Lock()
+			c.lastContact = time.Now()
+			if r := m.GetResult(); r != nil {
+				if ch, ok := c.pending[r.Id]; ok {
+					ch <- r
+					delete(c.pending, r.Id)
+				}
+			}
+			c.mu.Unlock()
+		}
+	}()
+	select {
+	case err := <-recvErr:
+		return err
+	case <-cctx.Done():
+		// Replaced by a newer stream, leadership lost, or the agent went
+		// away; returning tears the stream down, which ends the Recv loop.
+		return status.Error(codes.Unavailable, "stream closed by coordinator")
+	}
+}
+
+// agentIdentity returns the common name of the peer's agent certificate.
+func agentIdentity(ctx context.Context) (string, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "", errors.New("no peer information")
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return "", errors.New("agent link requires TLS")
+	}
+	role, name, err := tlsutil.PeerIdentity(ti.State)
+	if err != nil {
+		return "", err
+	}
+	if role != tlsutil.RoleAgent {
+		return "", fmt.Errorf("certificate role %q is not an agent", role)
+	}
+	return name, nil
+}
+
+// DisconnectAll closes every agent stream (after a leadership loss), so
+// agents reconnect and find the new leader.
+func (s *Service) DisconnectAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.conns {
+		c.cancel()
+	}
+}
+
+// healthy reports whether c has been heard from recently.
+func (s *Service) healthy(c *conn, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.closed && now.Sub(c.lastContact) <= 3*s.cfg.Heartbeat
+}
+
+// pick chooses a healthy agent serving site with driver: the one with the
+// fewest operations in flight.
+func (s *Service) pick(site, driver string) *conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var best *conn
+	bestLoad := 0
+	for _, c := range s.conns {
+		if !slices.Contains(c.sites, site) || !slices.Contains(c.drivers, driver) || !s.healthy(c, now) {
+			continue
+		}
+		c.mu.Lock()
+		load := len(c.pending)
+		c.mu.Unlock()
+		if best == nil || load < bestLoad || (load == bestLoad && c.id < best.id) {
+			best, bestLoad = c, load
+		}
+	}
+	return best
+}
+
+// Result is what Dispatch returns.
+type Result struct {
+	*agentpb.OperationResult
+	Agent string
+	// Sent reports whether the operation reached an agent's stream.
+	Sent bool
+}
+
+// Dispatch sends op to a healthy agent of site that has the driver and
+// waits for its result, bounded by ctx. It fails with *NoAgentError when no
+// such agent connects within the agent wait, and with ErrOutcomeUnknown
+// when the operation was sent but no result came back.
+func (s *Service) Dispatch(ctx context.Context, site, driver string, op *agentpb.Operation) (Result, error) {
+	waitCtx, cancel := context.WithTimeout(ctx, s.cfg.AgentWait)
+	defer cancel()
+	var c *conn
+	for {
+		s.mu.Lock()
+		changed := s.changed
+		s.mu.Unlock()
+		if c = s.pick(site, driver); c != nil {
+			break
+		}
+		select {
+		case <-changed:
+		case <-time.After(100 * time.Millisecond): // health changes are not signalled
+		case <-waitCtx.Done():
+			return Result{}, &NoAgentError{Site: site, Driver: driver}
+		}
+	}
+	ch := make(chan *agentpb.OperationResult, 1)
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return Result{Agent: c.id}, fmt.Errorf("agent %s disconnected before the operation was sent: %w", c.id, ErrNoAgent)
+	}
+	c.pending[op.Id] = ch
+	c.mu.Unlock()
+	if err := c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Operation{Operation: op}}); err != nil {
+		c.mu.Lock()
+		delete(c.pending, op.Id)
+		c.mu.Unlock()
+		return Result{Agent: c.id, Sent: true}, fmt.Errorf("send to agent %s: %v: %w", c.id, err, ErrOutcomeUnknown)
+	}
+	select {
+	case r, ok := <-ch:
+		if !ok {
+			return Result{Agent: c.id, Sent: true}, fmt.Errorf("agent %s disconnected during the operation: %w", c.id, ErrOutcomeUnknown)
+		}
+		return Result{OperationResult: r, Agent: c.id, Sent: true}, nil
+	case <-ctx.Done():
+		c.mu.Lock()
+		delete(c.pending, op.Id)
+		c.mu.Unlock()
+		c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Cancel{Cancel: &agentpb.Cancel{Id: op.Id}}})
+		return Result{Agent: c.id, Sent: true}, fmt.Errorf("no result from agent %s before the deadline: %w", c.id, ErrOutcomeUnknown)
+	}
+}
+
+// AgentStatus is the live view of one connected agent.
+type AgentStatus struct {
+	ID          string
+	Healthy     bool
+	LastContact time.Time
+}
+
+// Connected lists the agents connected to this coordinator.
+func (s *Service) Connected() []AgentStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var out []AgentStatus
+	for _, c := range s.conns {
+		c.mu.Lock()
+		lc := c.lastContact
+		c.mu.Unlock()
+		out = append(out, AgentStatus{ID: c.id, Healthy: s.healthy(c, now), LastContact: lc})
+	}
+	slices.SortFunc(out, func(a, b AgentStatus) int {
+		if a.ID < b.ID {
+			return -1
+		}
+		return 1
+	})
+	return out
+}
+
+// NewOperationID returns a random operation id.
+func NewOperationID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return "op-" + hex.EncodeToString(b[:])
+}

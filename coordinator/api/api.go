@@ -1,0 +1,174 @@
+// Package api is the stable Go view of obmesh's native HTTP API: the wire
+// types and a Client. It imports nothing else from obmesh, so the CLI,
+// scripts and tests depend on it alone.
+package api
+
+import (
+	"fmt"
+	"time"
+)
+
+// NodeSpec registers a node. Password is write-only: it is sealed before it
+// is stored and never returned.
+type NodeSpec struct {
+	Name     string            `json:"name"`
+	Driver   string            `json:"driver"`
+	Site     string            `json:"site,omitempty"`
+	Address  string            `json:"address,omitempty"`
+	Username string            `json:"username,omitempty"`
+	Password string            `json:"password,omitempty"`
+	Options  map[string]string `json:"options,omitempty"`
+}
+
+// Node is a registered node as the API shows it.
+type Node struct {
+	Name     string            `json:"name"`
+	Driver   string            `json:"driver"`
+	Site     string            `json:"site"`
+	Address  string            `json:"address,omitempty"`
+	Username string            `json:"username,omitempty"`
+	Options  map[string]string `json:"options,omitempty"`
+	// HasPassword reports whether a sealed password is stored;
+	// CredentialKeyID names the keyring key that sealed it.
+	HasPassword     bool      `json:"has_password"`
+	CredentialKeyID string    `json:"credential_key_id,omitempty"`
+	Key             string    `json:"key"`
+	CreatedAt       time.Time `json:"created_at"`
+}
+
+// Power actions accepted by POST /v1/nodes/{name}/power.
+const (
+	ActionOn      = "on"
+	ActionOff     = "off"      // hard off
+	ActionSoftOff = "soft_off" // ACPI shutdown
+	ActionCycle   = "cycle"    // hard off then on
+	ActionReset   = "reset"    // hard reset
+)
+
+// PowerActions lists the accepted actions.
+var PowerActions = []string{ActionOn, ActionOff, ActionSoftOff, ActionCycle, ActionReset}
+
+// Boot devices accepted by PUT /v1/nodes/{name}/boot.
+var BootDevices = []string{"pxe", "disk", "cdrom", "bios", "none"}
+
+// PowerRequest is the body of POST /v1/nodes/{name}/power.
+type PowerRequest struct {
+	Action string `json:"action"`
+}
+
+// BootRequest is the body of PUT /v1/nodes/{name}/boot.
+type BootRequest struct {
+	Device     string `json:"device"`
+	Persistent bool   `json:"persistent,omitempty"`
+	EFI        bool   `json:"efi,omitempty"`
+}
+
+// Outcomes of an operation.
+const (
+	OutcomeOK     = "ok"
+	OutcomeFailed = "failed"
+	// OutcomeUnknown means the operation was handed to an agent but no
+	// result came back (the agent or the leader was lost): it may or may
+	// not have been carried out. Look it up by receipt id.
+	OutcomeUnknown = "unknown"
+)
+
+// Receipt reports one operation.
+type Receipt struct {
+	ID      string `json:"id"`
+	Node    string `json:"node"`
+	Action  string `json:"action"`
+	Outcome string `json:"outcome"`
+	// State is the power state for power status reads ("on", "off",
+	// "powering_on", "powering_off", "unknown"); RawState the driver's
+	// own wording when it differs.
+	State    string `json:"state,omitempty"`
+	RawState string `json:"raw_state,omitempty"`
+	// ErrorClass and Error describe a failure.
+	ErrorClass string `json:"error_class,omitempty"`
+	Error      string `json:"error,omitempty"`
+	Agent      string `json:"agent,omitempty"`
+	Site       string `json:"site,omitempty"`
+	Epoch      uint64 `json:"epoch,omitempty"`
+	// Timings are per hop: "coordinator" (whole operation as the
+	// coordinator saw it), "agent" (time on the agent), "plugin" (time in
+	// the driver plugin).
+	Timings    []Timing  `json:"timings"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+}
+
+// Timing is the time one hop took.
+type Timing struct {
+	Hop        string  `json:"hop"`
+	DurationMS float64 `json:"duration_ms"`
+}
+
+// Agent is an agent as the API shows it.
+type Agent struct {
+	ID      string   `json:"id"`
+	Sites   []string `json:"sites"`
+	Drivers []string `json:"drivers"`
+	Version string   `json:"version"`
+	// Health is "healthy", "lost" (connected but missing heartbeats) or
+	// "disconnected".
+	Health      string    `json:"health"`
+	LastContact time.Time `json:"last_contact,omitzero"`
+	FirstSeen   time.Time `json:"first_seen"`
+	Connects    uint64    `json:"connects"`
+	Coordinator string    `json:"coordinator,omitempty"`
+}
+
+// Status describes the coordinator that answered.
+type Status struct {
+	ID       string `json:"id"`
+	Leader   string `json:"leader"`
+	IsLeader bool   `json:"is_leader"`
+	Epoch    uint64 `json:"epoch"`
+	Version  string `json:"version"`
+}
+
+// ErrorBody is the JSON body of every error response.
+type ErrorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+	Receipt *Receipt `json:"receipt,omitempty"`
+}
+
+// Stable error codes.
+const (
+	CodeInvalidArgument = "invalid_argument"
+	CodeUnauthorized    = "unauthorized"
+	CodeNotFound        = "not_found"
+	CodeAlreadyExists   = "already_exists"
+	CodeBodyTooLarge    = "body_too_large"
+	CodeUnsupported     = "unsupported"
+	CodeNoAgent         = "no_agent"
+	CodeNoLeader        = "no_leader"
+	CodeBMCAuth         = "bmc_auth_failed"
+	CodeBMCUnreachable  = "bmc_unreachable"
+	CodeBMCBusy         = "bmc_busy"
+	CodeBMCPrivilege    = "bmc_insufficient_privilege"
+	CodeBMCProtocol     = "bmc_protocol_error"
+	CodeTimeout         = "timeout"
+	CodePluginFailed    = "plugin_failed"
+	CodeDriverError     = "driver_error"
+	CodeOutcomeUnknown  = "outcome_unknown"
+	CodeStaleEpoch      = "stale_epoch"
+	CodeInternal        = "internal"
+)
+
+// Error is an API error as the Client returns it.
+type Error struct {
+	StatusCode int
+	Code       string
+	Message    string
+	// Receipt is set when an operation failed.
+	Receipt *Receipt
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s (%s, HTTP %d)", e.Message, e.Code, e.StatusCode)
+}

@@ -1,0 +1,478 @@
+// Package apiserver serves obmesh's native HTTP API (/v1) over interfaces it
+// declares: bearer-token auth, size-limited strict JSON bodies, one JSON
+// writer and one error mapper with stable error codes.
+package apiserver
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/obmesh/obmesh/coordinator/agentsvc"
+	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/coordinator/ops"
+	"github.com/obmesh/obmesh/coordinator/seal"
+	"github.com/obmesh/obmesh/coordinator/state"
+	"github.com/obmesh/obmesh/coordinator/store"
+)
+
+// MaxBodyBytes is the largest request body accepted.
+const MaxBodyBytes = 64 << 10
+
+// Limits on node fields.
+const (
+	maxAddress   = 2048
+	maxUsername  = 256
+	maxPassword  = 1024
+	maxOptions   = 64
+	maxOptionKey = 64
+	maxOptionVal = 16 << 10
+	maxTimeout   = 5 * time.Minute
+)
+
+// Store is what the server needs from the replicated store.
+type Store interface {
+	Apply(ctx context.Context, c state.Command) (state.Result, error)
+	VerifyLeader(ctx context.Context) error
+	State() *state.State
+	ID() string
+	Leader() (addr, id string)
+	IsLeader() bool
+	Epoch() uint64
+}
+
+// Operator runs operations.
+type Operator interface {
+	Do(ctx context.Context, r ops.Request) (api.Receipt, error)
+	Receipt(id string) (api.Receipt, bool)
+}
+
+// Agents reports live agent connections.
+type Agents interface {
+	Connected() []agentsvc.AgentStatus
+}
+
+// Config configures the server.
+type Config struct {
+	// AdminToken authenticates requests ("Authorization: Bearer <token>").
+	AdminToken string
+	Version    string
+	// DefaultSite is used when a node names none.
+	DefaultSite string
+}
+
+// Server is the /v1 handler.
+type Server struct {
+	cfg       Config
+	tokenHash [32]byte
+	store     Store
+	ops       Operator
+	agents    Agents
+	keys      *seal.Keyring
+	logger    *slog.Logger
+	mux       *http.ServeMux
+}
+
+// New returns the API handler.
+func New(cfg Config, st Store, op Operator, agents Agents, keys *seal.Keyring, logger *slog.Logger) *Server {
+	if cfg.DefaultSite == "" {
+		cfg.DefaultSite = "default"
+	}
+	s := &Server{cfg: cfg, tokenHash: sha256.Sum256([]byte(cfg.AdminToken)), store: st, ops: op, agents: agents, keys: keys,
+		logger: logger.With("component", "api"), mux: http.NewServeMux()}
+	s.handle("POST /v1/nodes", s.registerNode)
+	s.handle("GET /v1/nodes", s.listNodes)
+	s.handle("GET /v1/nodes/{name}", s.showNode)
+	s.handle("DELETE /v1/nodes/{name}", s.deleteNode)
+	s.handle("POST /v1/nodes/{name}/power", s.power)
+	s.handle("GET /v1/nodes/{name}/power", s.powerStatus)
+	s.handle("PUT /v1/nodes/{name}/boot", s.boot)
+	s.handle("GET /v1/operations/{id}", s.operation)
+	s.handle("GET /v1/agents", s.listAgents)
+	s.handle("GET /v1/status", s.status)
+	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			writeError(w, errUnauthorized, nil)
+			return
+		}
+		writeError(w, &apiError{http.StatusNotFound, api.CodeNotFound, "no such API endpoint: " + r.Method + " " + r.URL.Path}, nil)
+	})
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func (s *Server) handle(pattern string, h func(http.ResponseWriter, *http.Request) error) {
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			writeError(w, errUnauthorized, nil)
+			return
+		}
+		if err := h(w, r); err != nil {
+			var rec *api.Receipt
+			var rerr *receiptError
+			if errors.As(err, &rerr) {
+				rec = &rerr.receipt
+				err = rerr.err
+			}
+			status := writeError(w, err, rec)
+			if status == http.StatusInternalServerError {
+				s.logger.Warn("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+			}
+		}
+	})
+}
+
+// authorized compares the bearer token in constant time.
+func (s *Server) authorized(r *http.Request) bool {
+	h := r.Header.Get("Authorization")
+	tok, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || s.cfg.AdminToken == "" {
+		return false
+	}
+	got := sha256.Sum256([]byte(tok))
+	return subtle.ConstantTimeCompare(got[:], s.tokenHash[:]) == 1
+}
+
+// apiError is an error with a fixed status and code.
+type apiError struct {
+	status int
+	code   string
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+var errUnauthorized = &apiError{http.StatusUnauthorized, api.CodeUnauthorized, "missing or wrong bearer token"}
+
+func badRequest(format string, args ...any) error {
+	return &apiError{http.StatusBadRequest, api.CodeInvalidArgument, fmt.Sprintf(format, args...)}
+}
+
+// receiptError carries the receipt of a failed operation to the writer.
+type receiptError struct {
+	err     error
+	receipt api.Receipt
+}
+
+func (e *receiptError) Error() string { return e.err.Error() }
+
+// failureCodes maps operation failure classes to status and code.
+var failureCodes = map[string]struct {
+	status int
+	code   string
+}{
+	"unsupported":      {http.StatusNotImplemented, api.CodeUnsupported},
+	"auth":             {http.StatusBadGateway, api.CodeBMCAuth},
+	"unreachable":      {http.StatusGatewayTimeout, api.CodeBMCUnreachable},
+	"busy":             {http.StatusServiceUnavailable, api.CodeBMCBusy},
+	"invalid_argument": {http.StatusBadRequest, api.CodeInvalidArgument},
+	"timeout":          {http.StatusGatewayTimeout, api.CodeTimeout},
+	"protocol":         {http.StatusBadGateway, api.CodeBMCProtocol},
+	"privilege":        {http.StatusBadGateway, api.CodeBMCPrivilege},
+	"plugin":           {http.StatusBadGateway, api.CodePluginFailed},
+	"internal":         {http.StatusInternalServerError, api.CodeDriverError},
+	"no_agent":         {http.StatusServiceUnavailable, api.CodeNoAgent},
+	"outcome_unknown":  {http.StatusGatewayTimeout, api.CodeOutcomeUnknown},
+	"rejected":         {http.StatusConflict, api.CodeStaleEpoch},
+}
+
+// classify is the one mapping from errors to HTTP status, code and message.
+func classify(err error) (int, string, string) {
+	var ae *apiError
+	var f *ops.Failure
+	var mbe *http.MaxBytesError
+	var nl *store.NotLeaderError
+	switch {
+	case errors.As(err, &ae):
+		return ae.status, ae.code, ae.msg
+	case errors.As(err, &f):
+		if c, ok := failureCodes[f.Class]; ok {
+			return c.status, c.code, f.Message
+		}
+		return http.StatusBadGateway, api.CodeDriverError, f.Message
+	case errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, fmt.Sprintf("request body is larger than %d bytes", mbe.Limit)
+	case errors.Is(err, ops.ErrNodeNotFound), errors.Is(err, state.ErrNotFound):
+		return http.StatusNotFound, api.CodeNotFound, err.Error()
+	case errors.Is(err, state.ErrExists):
+		return http.StatusConflict, api.CodeAlreadyExists, err.Error()
+	case errors.Is(err, state.ErrInvalid):
+		return http.StatusBadRequest, api.CodeInvalidArgument, err.Error()
+	case errors.As(err, &nl):
+		return http.StatusServiceUnavailable, api.CodeNoLeader, "this coordinator cannot serve the request: " + nl.Error()
+	case errors.Is(err, store.ErrNoLeader):
+		return http.StatusServiceUnavailable, api.CodeNoLeader, err.Error()
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusGatewayTimeout, api.CodeTimeout, "the request timed out"
+	}
+	return http.StatusInternalServerError, api.CodeInternal, "internal error; see the coordinator's log"
+}
+
+// writeError writes the JSON error body and returns the status.
+func writeError(w http.ResponseWriter, err error, rec *api.Receipt) int {
+	status, code, msg := classify(err)
+	var body api.ErrorBody
+	body.Error.Code, body.Error.Message, body.Receipt = code, msg, rec
+	writeJSON(w, status, body)
+	return status
+}
+
+// writeJSON is the one JSON writer.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+// decode reads a size-limited JSON body strictly: unknown fields, trailing
+// data and a wrong content type are refused.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		return badRequest("Content-Type must be application/json, not %q", ct)
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		if errors.Is(err, io.EOF) {
+			return badRequest("request body is empty; a JSON object is required")
+		}
+		return badRequest("malformed JSON body: %v", err)
+	}
+	if dec.More() {
+		return badRequest("malformed JSON body: data after the object")
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		return badRequest("malformed JSON body: data after the object")
+	}
+	return nil
+}
+
+// read waits until a read is linearizable, unless ?stale=true.
+func (s *Server) read(r *http.Request) error {
+	if r.URL.Query().Get("stale") == "true" {
+		return nil
+	}
+	return s.store.VerifyLeader(r.Context())
+}
+
+func toAPINode(n state.Node) api.Node {
+	return api.Node{Name: n.Name, Driver: n.Driver, Site: n.Site, Address: n.Address, Username: n.Username,
+		Options: n.Options, HasPassword: !n.Credential.IsZero(), CredentialKeyID: n.Credential.KeyID,
+		Key: n.Key(), CreatedAt: time.Unix(0, n.CreatedUnixNano).UTC()}
+}
+
+func validateSpec(s *api.NodeSpec) error {
+	if !state.ValidName(s.Name) {
+		return badRequest("node name %q is invalid: use 1-128 characters from A-Z a-z 0-9 . _ : - (not starting with a dot)", s.Name)
+	}
+	if !state.ValidName(s.Driver) {
+		return badRequest("driver %q is invalid: name a driver such as ipmi, redfish or mock", s.Driver)
+	}
+	if !state.ValidName(s.Site) {
+		return badRequest("site %q is invalid: use 1-128 characters from A-Z a-z 0-9 . _ : -", s.Site)
+	}
+	if len(s.Address) > maxAddress || len(s.Username) > maxUsername {
+		return badRequest("address or username too long")
+	}
+	if len(s.Password) > maxPassword {
+		return badRequest("password longer than %d bytes", maxPassword)
+	}
+	if strings.ContainsAny(s.Address+s.Username, "\x00\r\n") {
+		return badRequest("address and username must not contain control characters")
+	}
+	if len(s.Options) > maxOptions {
+		return badRequest("more than %d options", maxOptions)
+	}
+	for k, v := range s.Options {
+		if k == "" || len(k) > maxOptionKey || len(v) > maxOptionVal || strings.ContainsAny(k, " \x00\r\n=") {
+			return badRequest("option %q is invalid (keys: 1-%d characters without spaces or '='; values up to %d bytes)", k, maxOptionKey, maxOptionVal)
+		}
+	}
+	return nil
+}
+
+func (s *Server) registerNode(w http.ResponseWriter, r *http.Request) error {
+	var spec api.NodeSpec
+	if err := decode(w, r, &spec); err != nil {
+		return err
+	}
+	if spec.Site == "" {
+		spec.Site = s.cfg.DefaultSite
+	}
+	if err := validateSpec(&spec); err != nil {
+		return err
+	}
+	n := state.Node{Name: spec.Name, Driver: spec.Driver, Site: spec.Site, Address: spec.Address, Username: spec.Username, Options: spec.Options}
+	if spec.Password != "" {
+		n.Credential = s.keys.Seal([]byte(spec.Password), spec.Name)
+	}
+	res, err := s.store.Apply(r.Context(), state.RegisterNode{Node: n, StampUnixNano: time.Now().UnixNano()})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, toAPINode(*res.Node))
+	return nil
+}
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
+	if err := s.read(r); err != nil {
+		return err
+	}
+	out := []api.Node{}
+	for _, n := range s.store.State().Nodes() {
+		out = append(out, toAPINode(n))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) showNode(w http.ResponseWriter, r *http.Request) error {
+	if err := s.read(r); err != nil {
+		return err
+	}
+	n, ok := s.store.State().Node(r.PathValue("name"))
+	if !ok {
+		return fmt.Errorf("node %q: %w", r.PathValue("name"), state.ErrNotFound)
+	}
+	writeJSON(w, http.StatusOK, toAPINode(n))
+	return nil
+}
+
+func (s *Server) deleteNode(w http.ResponseWriter, r *http.Request) error {
+	if _, err := s.store.Apply(r.Context(), state.DeleteNode{Name: r.PathValue("name")}); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// opContext bounds an operation by ?timeout= (default: the runner's).
+func opContext(r *http.Request) (context.Context, context.CancelFunc, error) {
+	t := r.URL.Query().Get("timeout")
+	if t == "" {
+		ctx, cancel := context.WithCancel(r.Context())
+		return ctx, cancel, nil
+	}
+	d, err := time.ParseDuration(t)
+	if err != nil || d <= 0 || d > maxTimeout {
+		return nil, nil, badRequest("timeout %q must be a duration between 0 and %v, like 10s", t, maxTimeout)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), d)
+	return ctx, cancel, nil
+}
+
+func (s *Server) run(w http.ResponseWriter, r *http.Request, req ops.Request) error {
+	if !s.store.IsLeader() {
+		_, id := s.store.Leader()
+		return &store.NotLeaderError{LeaderID: id}
+	}
+	ctx, cancel, err := opContext(r)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	rec, err := s.ops.Do(ctx, req)
+	if err != nil {
+		if rec.ID == "" {
+			return err
+		}
+		return &receiptError{err: err, receipt: rec}
+	}
+	writeJSON(w, http.StatusOK, rec)
+	return nil
+}
+
+func (s *Server) power(w http.ResponseWriter, r *http.Request) error {
+	var req api.PowerRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	act, ok := ops.PowerAction(req.Action)
+	if !ok {
+		return badRequest("unknown power action %q; use one of %s", req.Action, strings.Join(api.PowerActions, ", "))
+	}
+	return s.run(w, r, ops.Request{Node: r.PathValue("name"), Action: act})
+}
+
+func (s *Server) powerStatus(w http.ResponseWriter, r *http.Request) error {
+	return s.run(w, r, ops.Request{Node: r.PathValue("name"), Action: ops.ActPowerStatus})
+}
+
+func (s *Server) boot(w http.ResponseWriter, r *http.Request) error {
+	var req api.BootRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	valid := false
+	for _, d := range api.BootDevices {
+		valid = valid || d == req.Device
+	}
+	if !valid {
+		return badRequest("unknown boot device %q; use one of %s", req.Device, strings.Join(api.BootDevices, ", "))
+	}
+	return s.run(w, r, ops.Request{Node: r.PathValue("name"), Action: ops.ActBootDevice, BootDevice: req.Device, Persistent: req.Persistent, EFI: req.EFI})
+}
+
+func (s *Server) operation(w http.ResponseWriter, r *http.Request) error {
+	rec, ok := s.ops.Receipt(r.PathValue("id"))
+	if !ok {
+		return &apiError{http.StatusNotFound, api.CodeNotFound, "no recent operation with id " + r.PathValue("id") + " on this coordinator"}
+	}
+	writeJSON(w, http.StatusOK, rec)
+	return nil
+}
+
+func (s *Server) listAgents(w http.ResponseWriter, r *http.Request) error {
+	if err := s.read(r); err != nil {
+		return err
+	}
+	live := map[string]agentsvc.AgentStatus{}
+	for _, a := range s.agents.Connected() {
+		live[a.ID] = a
+	}
+	out := []api.Agent{}
+	for _, a := range s.store.State().Agents() {
+		ag := api.Agent{ID: a.ID, Sites: a.Sites, Version: a.Version, Health: "disconnected",
+			FirstSeen: time.Unix(0, a.FirstSeenUnixNano).UTC(), Connects: a.Connects, LastContact: time.Unix(0, a.LastConnectUnixNano).UTC()}
+		for _, d := range a.Drivers {
+			ag.Drivers = append(ag.Drivers, d.Name)
+		}
+		if l, ok := live[a.ID]; ok {
+			ag.LastContact = l.LastContact.UTC()
+			ag.Coordinator = s.store.ID()
+			ag.Health = "lost"
+			if l.Healthy {
+				ag.Health = "healthy"
+			}
+		}
+		out = append(out, ag)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) error {
+	_, id := s.store.Leader()
+	writeJSON(w, http.StatusOK, api.Status{ID: s.store.ID(), Leader: id, IsLeader: s.store.IsLeader(), Epoch: s.store.Epoch(), Version: s.cfg.Version})
+	return nil
+}

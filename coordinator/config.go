@@ -1,0 +1,136 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/obmesh/obmesh/internal/config"
+)
+
+// Config is a coordinator's configuration (coordinator.toml).
+type Config struct {
+	// Name is this coordinator's id in the Raft group.
+	Name string `toml:"name"`
+	// DataDir holds the Raft log, snapshots and state.
+	DataDir string `toml:"data_dir"`
+	// KeyringFile is the keyring that seals BMC credentials (obmesh
+	// keyring create). Every coordinator of a group needs the same keys.
+	KeyringFile string `toml:"keyring_file"`
+	LogLevel    string `toml:"log_level"`
+
+	HTTP       HTTPConfig       `toml:"http"`
+	Raft       RaftConfig       `toml:"raft"`
+	AgentLink  AgentLinkConfig  `toml:"agent_link"`
+	Operations OperationsConfig `toml:"operations"`
+}
+
+// HTTPConfig configures the API listener.
+type HTTPConfig struct {
+	Listen string `toml:"listen"`
+	// AdminToken or AdminTokenFile authenticates the native API.
+	AdminToken     string `toml:"admin_token"`
+	AdminTokenFile string `toml:"admin_token_file"`
+	// TLSCert and TLSKey serve HTTPS when both are set.
+	TLSCert string `toml:"tls_cert"`
+	TLSKey  string `toml:"tls_key"`
+}
+
+// RaftConfig configures the Raft member.
+type RaftConfig struct {
+	Listen    string `toml:"listen"`
+	Advertise string `toml:"advertise"`
+	// Bootstrap makes a fresh member start a new group with itself.
+	Bootstrap bool `toml:"bootstrap"`
+	// SnapshotThreshold is the number of log entries between snapshots.
+	SnapshotThreshold uint64 `toml:"snapshot_threshold"`
+}
+
+// AgentLinkConfig configures the gRPC listener agents dial.
+type AgentLinkConfig struct {
+	Listen    string          `toml:"listen"`
+	CAFile    string          `toml:"ca_file"`
+	CertFile  string          `toml:"cert_file"`
+	KeyFile   string          `toml:"key_file"`
+	Heartbeat config.Duration `toml:"heartbeat"`
+	AgentWait config.Duration `toml:"agent_wait"`
+}
+
+// OperationsConfig configures operations.
+type OperationsConfig struct {
+	DefaultTimeout config.Duration `toml:"default_timeout"`
+	DefaultSite    string          `toml:"default_site"`
+}
+
+// DefaultConfig returns the defaults a config file is decoded over.
+func DefaultConfig() Config {
+	return Config{
+		LogLevel:   "info",
+		HTTP:       HTTPConfig{Listen: "127.0.0.1:8080"},
+		Raft:       RaftConfig{Listen: "127.0.0.1:7000"},
+		AgentLink:  AgentLinkConfig{Listen: "127.0.0.1:7443", Heartbeat: config.Duration(2 * time.Second), AgentWait: config.Duration(5 * time.Second)},
+		Operations: OperationsConfig{DefaultTimeout: config.Duration(30 * time.Second), DefaultSite: "default"},
+	}
+}
+
+// LoadConfig reads a coordinator config file strictly over the defaults.
+func LoadConfig(path string) (Config, error) {
+	c := DefaultConfig()
+	if err := config.Load(path, &c); err != nil {
+		return Config{}, err
+	}
+	return c, c.Validate()
+}
+
+// Validate checks the config and resolves the admin token file.
+func (c *Config) Validate() error {
+	var errs []error
+	req := func(v, name string) {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("%s is required", name))
+		}
+	}
+	req(c.Name, "name")
+	req(c.DataDir, "data_dir")
+	req(c.KeyringFile, "keyring_file")
+	req(c.HTTP.Listen, "http.listen")
+	req(c.Raft.Listen, "raft.listen")
+	req(c.AgentLink.Listen, "agent_link.listen")
+	req(c.AgentLink.CAFile, "agent_link.ca_file")
+	req(c.AgentLink.CertFile, "agent_link.cert_file")
+	req(c.AgentLink.KeyFile, "agent_link.key_file")
+	if (c.HTTP.TLSCert == "") != (c.HTTP.TLSKey == "") {
+		errs = append(errs, errors.New("http.tls_cert and http.tls_key must be set together"))
+	}
+	if c.HTTP.AdminToken != "" && c.HTTP.AdminTokenFile != "" {
+		errs = append(errs, errors.New("set http.admin_token or http.admin_token_file, not both"))
+	}
+	if c.HTTP.AdminToken == "" && c.HTTP.AdminTokenFile == "" {
+		errs = append(errs, errors.New("http.admin_token or http.admin_token_file is required"))
+	}
+	if c.HTTP.AdminToken != "" && len(c.HTTP.AdminToken) < 16 {
+		errs = append(errs, errors.New("http.admin_token must be at least 16 characters"))
+	}
+	if c.AgentLink.Heartbeat.D() <= 0 || c.Operations.DefaultTimeout.D() <= 0 {
+		errs = append(errs, errors.New("agent_link.heartbeat and operations.default_timeout must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// adminToken returns the configured admin token, reading the file if set.
+func (c *Config) adminToken() (string, error) {
+	if c.HTTP.AdminTokenFile == "" {
+		return c.HTTP.AdminToken, nil
+	}
+	b, err := os.ReadFile(c.HTTP.AdminTokenFile)
+	if err != nil {
+		return "", fmt.Errorf("admin token: %w", err)
+	}
+	t := strings.TrimSpace(string(b))
+	if len(t) < 16 {
+		return "", fmt.Errorf("admin token in %s must be at least 16 characters", c.HTTP.AdminTokenFile)
+	}
+	return t, nil
+}

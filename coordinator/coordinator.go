@@ -1,0 +1,183 @@
+// Package coordinator builds and runs one coordinator from a Config: the
+// Raft store, the native API, the agent link service and the operations
+// runner, all on listeners it owns.
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/obmesh/obmesh/coordinator/agentsvc"
+	"github.com/obmesh/obmesh/coordinator/apiserver"
+	"github.com/obmesh/obmesh/coordinator/ops"
+	"github.com/obmesh/obmesh/coordinator/seal"
+	"github.com/obmesh/obmesh/coordinator/store"
+	"github.com/obmesh/obmesh/internal/agentpb"
+	"github.com/obmesh/obmesh/internal/tlsutil"
+)
+
+// Version is reported by the API.
+var Version = "0.1.0-dev"
+
+// Server is one coordinator.
+type Server struct {
+	cfg    Config
+	logger *slog.Logger
+
+	ready    chan struct{}
+	mu       sync.Mutex
+	httpAddr string
+	linkAddr string
+	store    *store.Store
+}
+
+// New validates cfg and returns a coordinator. It does no I/O.
+func New(cfg Config, logger *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("coordinator config: %w", err)
+	}
+	return &Server{cfg: cfg, logger: logger.With("coordinator", cfg.Name), ready: make(chan struct{})}, nil
+}
+
+// Ready is closed once the listeners are bound and Raft is open.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// HTTPAddr is the bound API address (valid after Ready).
+func (s *Server) HTTPAddr() string { s.mu.Lock(); defer s.mu.Unlock(); return s.httpAddr }
+
+// LinkAddr is the bound agent-link address (valid after Ready).
+func (s *Server) LinkAddr() string { s.mu.Lock(); defer s.mu.Unlock(); return s.linkAddr }
+
+// Store is the Raft store (valid after Ready).
+func (s *Server) Store() *store.Store { s.mu.Lock(); defer s.mu.Unlock(); return s.store }
+
+// Run opens everything, serves until ctx ends, then shuts down and returns
+// after every goroutine it started has exited.
+func (s *Server) Run(ctx context.Context) (err error) {
+	token, err := s.cfg.adminToken()
+	if err != nil {
+		return err
+	}
+	keys, err := seal.Load(s.cfg.KeyringFile)
+	if err != nil {
+		return err
+	}
+	linkTLS, err := tlsutil.ServerConfig(tlsutil.Files{CA: s.cfg.AgentLink.CAFile, Cert: s.cfg.AgentLink.CertFile, Key: s.cfg.AgentLink.KeyFile})
+	if err != nil {
+		return fmt.Errorf("agent link: %w", err)
+	}
+	st, err := store.New(store.Config{
+		ID: s.cfg.Name, Dir: s.cfg.DataDir, BindAddr: s.cfg.Raft.Listen, AdvertiseAddr: s.cfg.Raft.Advertise,
+		Bootstrap: s.cfg.Raft.Bootstrap, SnapshotThreshold: s.cfg.Raft.SnapshotThreshold,
+	}, s.logger)
+	if err != nil {
+		return err
+	}
+	if err := st.Open(); err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := st.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+
+	httpLn, err := net.Listen("tcp", s.cfg.HTTP.Listen)
+	if err != nil {
+		return fmt.Errorf("http listen: %w", err)
+	}
+	linkLn, err := net.Listen("tcp", s.cfg.AgentLink.Listen)
+	if err != nil {
+		httpLn.Close()
+		return fmt.Errorf("agent link listen: %w", err)
+	}
+
+	svc := agentsvc.New(agentsvc.Config{ID: s.cfg.Name, Heartbeat: s.cfg.AgentLink.Heartbeat.D(), AgentWait: s.cfg.AgentLink.AgentWait.D()}, st, s.logger)
+	runner := ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D()}, st.State(), keys, svc, st, s.logger)
+	api := apiserver.New(apiserver.Config{AdminToken: token, Version: Version, DefaultSite: s.cfg.Operations.DefaultSite}, st, runner, svc, keys, s.logger)
+
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", api)
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn)}
+	grpcSrv := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(linkTLS)),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxRecvMsgSize(4<<20),
+	)
+	agentpb.RegisterAgentLinkServer(grpcSrv, svc)
+
+	s.mu.Lock()
+	s.httpAddr, s.linkAddr, s.store = httpLn.Addr().String(), linkLn.Addr().String(), st
+	s.mu.Unlock()
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	wg.Go(func() {
+		var err error
+		if s.cfg.HTTP.TLSCert != "" {
+			err = httpSrv.ServeTLS(httpLn, s.cfg.HTTP.TLSCert, s.cfg.HTTP.TLSKey)
+		} else {
+			err = httpSrv.Serve(httpLn)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("http: %w", err)
+		}
+	})
+	wg.Go(func() {
+		if err := grpcSrv.Serve(linkLn); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			errc <- fmt.Errorf("agent link: %w", err)
+		}
+	})
+	// Leadership watcher: when this member stops leading, agents are
+	// disconnected so they find the new leader.
+	wctx, wcancel := context.WithCancel(ctx)
+	wg.Go(func() {
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case leader := <-st.LeaderCh():
+				s.logger.Info("leadership changed", "leader", leader, "epoch", st.Epoch())
+				if !leader {
+					svc.DisconnectAll()
+				}
+			}
+		}
+	})
+	s.logger.Info("coordinator started", "http", s.httpAddr, "agent_link", s.linkAddr, "raft", st.RaftAddr())
+	close(s.ready)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	wcancel()
+	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	svc.DisconnectAll()
+	httpSrv.Shutdown(shutCtx)
+	stopped := make(chan struct{})
+	go func() { grpcSrv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-shutCtx.Done():
+		grpcSrv.Stop()
+		<-stopped
+	}
+	wg.Wait()
+	s.logger.Info("coordinator stopped")
+	return runErr
+}

@@ -1,0 +1,203 @@
+// Package ops runs operations on nodes: it reads the node, opens its sealed
+// credential, stamps the leader's epoch and a deadline, dispatches the
+// operation to an agent of the node's site and turns the outcome into a
+// receipt. Recent receipts are kept in memory for lookup by id.
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/obmesh/obmesh/coordinator/agentsvc"
+	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/coordinator/seal"
+	"github.com/obmesh/obmesh/coordinator/state"
+	"github.com/obmesh/obmesh/internal/agentpb"
+)
+
+// Actions on the agent link.
+const (
+	ActPowerOn      = "power_on"
+	ActPowerOff     = "power_off"
+	ActPowerSoftOff = "power_soft_off"
+	ActPowerCycle   = "power_cycle"
+	ActPowerReset   = "power_reset"
+	ActPowerStatus  = "power_status"
+	ActBootDevice   = "boot_device"
+	ActIdentity     = "identity"
+)
+
+// PowerAction maps an API power action to a link action.
+func PowerAction(a string) (string, bool) {
+	switch a {
+	case api.ActionOn:
+		return ActPowerOn, true
+	case api.ActionOff:
+		return ActPowerOff, true
+	case api.ActionSoftOff:
+		return ActPowerSoftOff, true
+	case api.ActionCycle:
+		return ActPowerCycle, true
+	case api.ActionReset:
+		return ActPowerReset, true
+	}
+	return "", false
+}
+
+// ErrNodeNotFound is returned for an unknown node.
+var ErrNodeNotFound = errors.New("node not found")
+
+// Request is one operation.
+type Request struct {
+	Node       string
+	Action     string // an Act* constant
+	BootDevice string
+	Persistent bool
+	EFI        bool
+}
+
+// Nodes is what the runner reads node records from.
+type Nodes interface {
+	Node(name string) (state.Node, bool)
+}
+
+// Dispatcher sends operations to agents.
+type Dispatcher interface {
+	Dispatch(ctx context.Context, site, driver string, op *agentpb.Operation) (agentsvc.Result, error)
+}
+
+// Epocher gives the leader's current epoch.
+type Epocher interface {
+	Epoch() uint64
+}
+
+// Config configures a Runner.
+type Config struct {
+	// DefaultTimeout bounds an operation whose context has no deadline.
+	// Zero means 30s.
+	DefaultTimeout time.Duration
+	// Keep is how many recent receipts are kept; zero means 4096.
+	Keep int
+}
+
+// Runner runs operations. It is safe for concurrent use.
+type Runner struct {
+	cfg     Config
+	nodes   Nodes
+	keys    *seal.Keyring
+	disp    Dispatcher
+	epoch   Epocher
+	logger  *slog.Logger
+	mu      sync.Mutex
+	recent  map[string]api.Receipt
+	order   []string
+}
+
+// New returns a Runner.
+func New(cfg Config, nodes Nodes, keys *seal.Keyring, disp Dispatcher, epoch Epocher, logger *slog.Logger) *Runner {
+	if cfg.DefaultTimeout == 0 {
+		cfg.DefaultTimeout = 30 * time.Second
+	}
+	if cfg.Keep == 0 {
+		cfg.Keep = 4096
+	}
+	return &Runner{cfg: cfg, nodes: nodes, keys: keys, disp: disp, epoch: epoch,
+		logger: logger.With("component", "ops"), recent: map[string]api.Receipt{}}
+}
+
+// Failure is an operation error with its class; Receipt says what happened.
+type Failure struct {
+	Class   string // sdk error classes, or "no_agent", "outcome_unknown", "rejected", "internal"
+	Message string
+}
+
+func (f *Failure) Error() string { return f.Message }
+
+// Do runs one operation and returns its receipt. The error is nil when the
+// outcome is ok; otherwise it is ErrNodeNotFound or a *Failure.
+func (r *Runner) Do(ctx context.Context, req Request) (api.Receipt, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.cfg.DefaultTimeout)
+		defer cancel()
+	}
+	n, ok := r.nodes.Node(req.Node)
+	if !ok {
+		return api.Receipt{}, fmt.Errorf("node %q: %w", req.Node, ErrNodeNotFound)
+	}
+	start := time.Now()
+	rec := api.Receipt{ID: agentsvc.NewOperationID(), Node: n.Name, Action: req.Action, Site: n.Site, StartedAt: start.UTC()}
+	finish := func(outcome string, f *Failure) (api.Receipt, error) {
+		end := time.Now()
+		rec.Outcome = outcome
+		rec.FinishedAt = end.UTC()
+		rec.Timings = append([]api.Timing{{Hop: "coordinator", DurationMS: ms(end.Sub(start))}}, rec.Timings...)
+		if f != nil {
+			rec.ErrorClass, rec.Error = f.Class, f.Message
+		}
+		r.remember(rec)
+		r.logger.Info("operation", "id", rec.ID, "node", rec.Node, "action", rec.Action, "outcome", outcome, "agent", rec.Agent, "class", rec.ErrorClass)
+		if f != nil {
+			return rec, f
+		}
+		return rec, nil
+	}
+	var password string
+	if !n.Credential.IsZero() {
+		p, err := r.keys.Open(n.Credential, n.Name)
+		if err != nil {
+			return finish(api.OutcomeFailed, &Failure{Class: "internal", Message: fmt.Sprintf("cannot open the stored credential of node %s: %v", n.Name, err)})
+		}
+		password = string(p)
+	}
+	dl, _ := ctx.Deadline()
+	op := &agentpb.Operation{
+		Id: rec.ID, Epoch: r.epoch.Epoch(), Action: req.Action,
+		BootDevice: req.BootDevice, Persistent: req.Persistent, Efi: req.EFI,
+		DeadlineUnixNano: dl.UnixNano(),
+		Node: &agentpb.Node{Name: n.Name, Key: n.Key(), Driver: n.Driver, Site: n.Site, Address: n.Address,
+			Username: n.Username, Password: password, Options: n.Options},
+	}
+	rec.Epoch = op.Epoch
+	res, err := r.disp.Dispatch(ctx, n.Site, n.Driver, op)
+	rec.Agent = res.Agent
+	switch {
+	case errors.Is(err, agentsvc.ErrNoAgent):
+		return finish(api.OutcomeFailed, &Failure{Class: "no_agent", Message: err.Error()})
+	case errors.Is(err, agentsvc.ErrOutcomeUnknown):
+		return finish(api.OutcomeUnknown, &Failure{Class: "outcome_unknown", Message: err.Error() + "; look the operation up by its receipt id " + rec.ID})
+	case err != nil:
+		return finish(api.OutcomeFailed, &Failure{Class: "internal", Message: err.Error()})
+	}
+	rec.Timings = append(rec.Timings, api.Timing{Hop: "agent", DurationMS: ms(time.Duration(res.AgentNs))}, api.Timing{Hop: "plugin", DurationMS: ms(time.Duration(res.PluginNs))})
+	rec.State, rec.RawState = res.PowerState, res.RawState
+	if !res.Ok {
+		return finish(api.OutcomeFailed, &Failure{Class: res.ErrorClass, Message: res.ErrorMessage})
+	}
+	return finish(api.OutcomeOK, nil)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func (r *Runner) remember(rec api.Receipt) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recent[rec.ID] = rec
+	r.order = append(r.order, rec.ID)
+	if len(r.order) > r.cfg.Keep {
+		delete(r.recent, r.order[0])
+		r.order = r.order[1:]
+	}
+}
+
+// Receipt returns a recent receipt by id.
+func (r *Runner) Receipt(id string) (api.Receipt, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec, ok := r.recent[id]
+	return rec, ok
+}

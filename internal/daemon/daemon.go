@@ -1,0 +1,239 @@
+// Package daemon implements obmesh's long-running and setup commands:
+// coordinator, agent, plugin, dev, tls and keyring. It wires configuration
+// to coordinator.New and agent.New, exactly as tests do.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/obmesh/obmesh/agent"
+	"github.com/obmesh/obmesh/coordinator"
+	"github.com/obmesh/obmesh/coordinator/seal"
+	"github.com/obmesh/obmesh/internal/cli"
+	"github.com/obmesh/obmesh/internal/logging"
+	"github.com/obmesh/obmesh/internal/tlsutil"
+	"github.com/obmesh/obmesh/plugins/dummy"
+	"github.com/obmesh/obmesh/plugins/mock"
+	"github.com/obmesh/obmesh/plugins/sdk"
+)
+
+// Root returns the whole obmesh command tree.
+func Root() *cli.Command {
+	root := &cli.Command{Name: "", Synopsis: "obmesh"}
+	root.Subs = append(root.Subs, cli.Commands()...)
+	for _, c := range root.Subs {
+		if c.Name == "agent" {
+			// "obmesh agent list" is the operator command; "obmesh agent
+			// -config F" runs an agent.
+			c.Synopsis = "Run an agent (-config FILE) or list agents (list)"
+			c.Run = runAgent
+		}
+	}
+	root.Subs = append(root.Subs,
+		&cli.Command{Name: "coordinator", Synopsis: "Run a coordinator (-config FILE)", Run: runCoordinator},
+		&cli.Command{Name: "plugin", Synopsis: "Run a built-in driver plugin (started by the agent)", Run: runPlugin},
+		&cli.Command{Name: "dev", Synopsis: "Run a single-process development cluster with simulated nodes", Run: runDev},
+		tlsCommand(),
+		&cli.Command{Name: "keyring", Synopsis: "Create the keyring that seals BMC credentials", Subs: []*cli.Command{
+			{Name: "create", Synopsis: "Create a keyring file: obmesh keyring create FILE", Run: runKeyringCreate},
+		}},
+		&cli.Command{Name: "version", Synopsis: "Print the version", Run: func(_ context.Context, env cli.Env, _ []string) int {
+			fmt.Fprintf(env.Stdout, "obmesh %s\n", coordinator.Version)
+			return 0
+		}},
+	)
+	return root
+}
+
+func newFlagSet(env cli.Env, name, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(env.Stderr, "Usage: obmesh %s\n\nFlags:\n", usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func fail(env cli.Env, name string, err error) int {
+	fmt.Fprintf(env.Stderr, "obmesh %s: %v\n", name, err)
+	return 1
+}
+
+func logger(env cli.Env, level string) (*slog.Logger, error) {
+	return logging.New(env.Stderr, level)
+}
+
+func runCoordinator(ctx context.Context, env cli.Env, args []string) int {
+	fs := newFlagSet(env, "coordinator", "coordinator -config FILE")
+	path := fs.String("config", "", "coordinator config file (TOML)")
+	level := fs.String("log-level", "", "override log_level")
+	if _, err := cli.Parse(fs, args); err != nil {
+		return 2
+	}
+	if *path == "" {
+		fs.Usage()
+		return 2
+	}
+	cfg, err := coordinator.LoadConfig(*path)
+	if err != nil {
+		return fail(env, "coordinator", err)
+	}
+	if *level != "" {
+		cfg.LogLevel = *level
+	}
+	log, err := logger(env, cfg.LogLevel)
+	if err != nil {
+		return fail(env, "coordinator", err)
+	}
+	c, err := coordinator.New(cfg, log)
+	if err != nil {
+		return fail(env, "coordinator", err)
+	}
+	if err := c.Run(ctx); err != nil {
+		return fail(env, "coordinator", err)
+	}
+	return 0
+}
+
+func runAgent(ctx context.Context, env cli.Env, args []string) int {
+	fs := newFlagSet(env, "agent", "agent -config FILE   (or: obmesh agent list)")
+	path := fs.String("config", "", "agent config file (TOML)")
+	level := fs.String("log-level", "", "override log_level")
+	if _, err := cli.Parse(fs, args); err != nil {
+		return 2
+	}
+	if *path == "" {
+		fs.Usage()
+		return 2
+	}
+	cfg, err := agent.LoadConfig(*path)
+	if err != nil {
+		return fail(env, "agent", err)
+	}
+	if *level != "" {
+		cfg.LogLevel = *level
+	}
+	log, err := logger(env, cfg.LogLevel)
+	if err != nil {
+		return fail(env, "agent", err)
+	}
+	a, err := agent.New(cfg, log)
+	if err != nil {
+		return fail(env, "agent", err)
+	}
+	if err := a.Run(ctx); err != nil {
+		return fail(env, "agent", err)
+	}
+	return 0
+}
+
+// Builtin returns the built-in driver of that name.
+func Builtin(name string) (sdk.Driver, bool) {
+	switch name {
+	case "mock":
+		return mock.New(), true
+	case "dummy":
+		return dummy.New(), true
+	}
+	return nil, false
+}
+
+func runPlugin(_ context.Context, env cli.Env, args []string) int {
+	if len(args) != 1 {
+		fmt.Fprintf(env.Stderr, "Usage: obmesh plugin NAME (one of %s); the agent starts plugins itself\n", strings.Join(agent.Builtins, ", "))
+		return 2
+	}
+	d, ok := Builtin(args[0])
+	if !ok {
+		return fail(env, "plugin", fmt.Errorf("no built-in driver %q", args[0]))
+	}
+	sdk.Serve(d)
+	return 0
+}
+
+func runKeyringCreate(_ context.Context, env cli.Env, args []string) int {
+	if len(args) != 1 {
+		fmt.Fprintln(env.Stderr, "Usage: obmesh keyring create FILE")
+		return 2
+	}
+	if err := seal.Create(args[0]); err != nil {
+		return fail(env, "keyring create", err)
+	}
+	fmt.Fprintf(env.Stdout, "created keyring %s (mode 0600); give every coordinator of the group the same file\n", args[0])
+	return 0
+}
+
+func tlsCommand() *cli.Command {
+	caCreate := func(_ context.Context, env cli.Env, args []string) int {
+		fs := newFlagSet(env, "tls ca create", "tls ca create -dir DIR")
+		dir := fs.String("dir", ".", "directory for ca.pem and ca-key.pem")
+		validity := fs.Duration("validity", 10*365*24*time.Hour, "how long the CA is valid")
+		if _, err := cli.Parse(fs, args); err != nil {
+			return 2
+		}
+		if err := tlsutil.CreateCA(*dir, *validity); err != nil {
+			return fail(env, "tls ca create", err)
+		}
+		fmt.Fprintf(env.Stdout, "created %s and %s\n", filepath.Join(*dir, tlsutil.CACertFile), filepath.Join(*dir, tlsutil.CAKeyFile))
+		return 0
+	}
+	certCreate := func(_ context.Context, env cli.Env, args []string) int {
+		fs := newFlagSet(env, "tls cert create", "tls cert create -agent|-coordinator -name NAME [-ca-dir DIR] [-out DIR] [-hosts h1,h2]")
+		isAgent := fs.Bool("agent", false, "issue an agent certificate (NAME is the agent id)")
+		isCoord := fs.Bool("coordinator", false, "issue a coordinator certificate")
+		name := fs.String("name", "", "agent id or coordinator name")
+		caDir := fs.String("ca-dir", ".", "directory holding ca.pem and ca-key.pem")
+		out := fs.String("out", ".", "directory for NAME.pem and NAME-key.pem")
+		hosts := fs.String("hosts", "localhost,127.0.0.1,::1", "coordinator: comma-separated DNS names and IPs")
+		validity := fs.Duration("validity", 2*365*24*time.Hour, "how long the certificate is valid")
+		if _, err := cli.Parse(fs, args); err != nil {
+			return 2
+		}
+		if *isAgent == *isCoord || *name == "" {
+			fmt.Fprintln(env.Stderr, "obmesh tls cert create: pass exactly one of -agent or -coordinator, and -name")
+			return 2
+		}
+		role := tlsutil.RoleAgent
+		if *isCoord {
+			role = tlsutil.RoleCoordinator
+		}
+		cert, key := filepath.Join(*out, *name+".pem"), filepath.Join(*out, *name+"-key.pem")
+		err := tlsutil.CreateCert(*caDir, tlsutil.CertRequest{Role: role, Name: *name, Hosts: splitList(*hosts), Validity: *validity}, cert, key)
+		if err != nil {
+			return fail(env, "tls cert create", err)
+		}
+		fmt.Fprintf(env.Stdout, "created %s and %s\n", cert, key)
+		return 0
+	}
+	return &cli.Command{Name: "tls", Synopsis: "Create the agent link's CA and certificates", Subs: []*cli.Command{
+		{Name: "ca", Synopsis: "Certificate authority", Subs: []*cli.Command{{Name: "create", Synopsis: "Create a CA", Run: caCreate}}},
+		{Name: "cert", Synopsis: "Certificates", Subs: []*cli.Command{{Name: "create", Synopsis: "Issue an agent or coordinator certificate", Run: certCreate}}},
+	}}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// NewToken returns a random 32-byte token in hex.
+func NewToken() string {
+	var b [32]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+

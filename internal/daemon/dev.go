@@ -1,0 +1,238 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/obmesh/obmesh/agent"
+	"github.com/obmesh/obmesh/coordinator"
+	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/coordinator/seal"
+	"github.com/obmesh/obmesh/internal/cli"
+	"github.com/obmesh/obmesh/internal/config"
+	"github.com/obmesh/obmesh/internal/tlsutil"
+)
+
+// DevNodes are the simulated nodes obmesh dev registers.
+var DevNodes = []api.NodeSpec{
+	{Name: "mock-1", Driver: "mock", Address: "mock-1.dev", Username: "admin", Password: "dev-password-1"},
+	{Name: "mock-2", Driver: "mock", Address: "mock-2.dev", Username: "admin", Password: "dev-password-2"},
+	{Name: "mock-3", Driver: "mock", Address: "mock-3.dev", Username: "admin", Password: "dev-password-3", Options: map[string]string{"NumWrites": "1000"}},
+}
+
+// devSetup creates (or reuses) the dev cluster's files in dir and returns
+// the coordinator and agent configs.
+func devSetup(dir, httpAddr string) (coordinator.Config, agent.Config, error) {
+	tlsDir := filepath.Join(dir, "tls")
+	if _, err := os.Stat(filepath.Join(tlsDir, tlsutil.CACertFile)); errors.Is(err, os.ErrNotExist) {
+		if err := tlsutil.CreateCA(tlsDir, 365*24*time.Hour); err != nil {
+			return coordinator.Config{}, agent.Config{}, err
+		}
+		if err := tlsutil.CreateCert(tlsDir, tlsutil.CertRequest{Role: tlsutil.RoleCoordinator, Name: "dev", Validity: 365 * 24 * time.Hour},
+			filepath.Join(tlsDir, "coordinator.pem"), filepath.Join(tlsDir, "coordinator-key.pem")); err != nil {
+			return coordinator.Config{}, agent.Config{}, err
+		}
+		if err := tlsutil.CreateCert(tlsDir, tlsutil.CertRequest{Role: tlsutil.RoleAgent, Name: "dev-agent", Validity: 365 * 24 * time.Hour},
+			filepath.Join(tlsDir, "agent.pem"), filepath.Join(tlsDir, "agent-key.pem")); err != nil {
+			return coordinator.Config{}, agent.Config{}, err
+		}
+	}
+	keyring := filepath.Join(dir, "keyring.json")
+	if _, err := os.Stat(keyring); errors.Is(err, os.ErrNotExist) {
+		if err := seal.Create(keyring); err != nil {
+			return coordinator.Config{}, agent.Config{}, err
+		}
+	}
+	tokenFile := filepath.Join(dir, "admin-token")
+	if _, err := os.Stat(tokenFile); errors.Is(err, os.ErrNotExist) {
+		if err := os.WriteFile(tokenFile, []byte(NewToken()+"\n"), 0o600); err != nil {
+			return coordinator.Config{}, agent.Config{}, err
+		}
+	}
+	cc := coordinator.DefaultConfig()
+	cc.Name = "dev"
+	cc.DataDir = filepath.Join(dir, "coordinator")
+	cc.KeyringFile = keyring
+	cc.HTTP.Listen = httpAddr
+	cc.HTTP.AdminTokenFile = tokenFile
+	cc.Raft.Listen = "127.0.0.1:0"
+	cc.Raft.Bootstrap = true
+	cc.AgentLink.Listen = "127.0.0.1:0"
+	cc.AgentLink.CAFile = filepath.Join(tlsDir, tlsutil.CACertFile)
+	cc.AgentLink.CertFile = filepath.Join(tlsDir, "coordinator.pem")
+	cc.AgentLink.KeyFile = filepath.Join(tlsDir, "coordinator-key.pem")
+	cc.AgentLink.Heartbeat = config.Duration(time.Second)
+
+	ac := agent.DefaultConfig()
+	ac.ID = "dev-agent"
+	ac.Sites = []string{"default"}
+	ac.TLS = agent.TLSConfig{CAFile: cc.AgentLink.CAFile, CertFile: filepath.Join(tlsDir, "agent.pem"), KeyFile: filepath.Join(tlsDir, "agent-key.pem")}
+	ac.Link.BackoffMax = config.Duration(2 * time.Second)
+	return cc, ac, nil
+}
+
+func runDev(ctx context.Context, env cli.Env, args []string) int {
+	fs := newFlagSet(env, "dev", "dev [-http-addr ADDR] [-data-dir DIR]")
+	httpAddr := fs.String("http-addr", "127.0.0.1:8080", "address of the API")
+	dataDir := fs.String("data-dir", "", "keep state here across runs (default: a temporary directory removed on exit)")
+	level := fs.String("log-level", "warn", "log level: debug, info, warn, error")
+	if _, err := cli.Parse(fs, args); err != nil {
+		return 2
+	}
+	log, err := logger(env, *level)
+	if err != nil {
+		return fail(env, "dev", err)
+	}
+	dir := *dataDir
+	if dir == "" {
+		dir, err = os.MkdirTemp("", "obmesh-dev-")
+		if err != nil {
+			return fail(env, "dev", err)
+		}
+		defer os.RemoveAll(dir)
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fail(env, "dev", err)
+	}
+	cc, ac, err := devSetup(dir, *httpAddr)
+	if err != nil {
+		return fail(env, "dev", err)
+	}
+	coord, err := coordinator.New(cc, log)
+	if err != nil {
+		return fail(env, "dev", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	errc := make(chan error, 2)
+	wg.Go(func() {
+		if err := coord.Run(ctx); err != nil {
+			errc <- fmt.Errorf("coordinator: %w", err)
+		}
+		cancel()
+	})
+	select {
+	case <-coord.Ready():
+	case err := <-errc:
+		return fail(env, "dev", err)
+	}
+	lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
+	err = coord.Store().WaitForLeader(lctx)
+	lcancel()
+	if err != nil {
+		cancel()
+		return fail(env, "dev", err)
+	}
+	ac.Coordinators = []string{coord.LinkAddr()}
+	ag, err := agent.New(ac, log)
+	if err != nil {
+		cancel()
+		return fail(env, "dev", err)
+	}
+	wg.Go(func() {
+		if err := ag.Run(ctx); err != nil {
+			errc <- fmt.Errorf("agent: %w", err)
+		}
+		cancel()
+	})
+	tokenBytes, err := os.ReadFile(cc.HTTP.AdminTokenFile)
+	if err != nil {
+		cancel()
+		return fail(env, "dev", err)
+	}
+	token := strings.TrimSpace(string(tokenBytes))
+	addr := "http://" + coord.HTTPAddr()
+	if err := devPopulate(ctx, addr, token); err != nil {
+		cancel()
+		return fail(env, "dev", err)
+	}
+	printBanner(env, addr, token, dir, *dataDir == "")
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		cancel()
+		wg.Wait()
+		return fail(env, "dev", err)
+	}
+	fmt.Fprintln(env.Stderr, "obmesh dev: stopping...")
+	cancel()
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return fail(env, "dev", err)
+	default:
+	}
+	fmt.Fprintln(env.Stderr, "obmesh dev: stopped")
+	return 0
+}
+
+// devPopulate waits for the agent and registers the dev nodes through the
+// API, like any client would. Nodes that already exist are kept.
+func devPopulate(ctx context.Context, addr, token string) error {
+	c := api.NewClient(addr, token, nil)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		as, err := c.Agents(wctx)
+		if err == nil && len(as) > 0 && as[0].Health == "healthy" {
+			break
+		}
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("the dev agent did not connect within 30s (last error: %v)", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	for _, n := range DevNodes {
+		if _, err := c.RegisterNode(wctx, n); err != nil {
+			var ae *api.Error
+			if errors.As(err, &ae) && ae.Code == api.CodeAlreadyExists {
+				continue
+			}
+			return fmt.Errorf("register %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+func printBanner(env cli.Env, addr, token, dir string, temp bool) {
+	self := "obmesh"
+	if exe, err := os.Executable(); err == nil {
+		if wd, err := os.Getwd(); err == nil {
+			if rel, err := filepath.Rel(wd, exe); err == nil && !strings.HasPrefix(rel, "..") {
+				self = "./" + rel
+			}
+		}
+	}
+	kept := "kept"
+	if temp {
+		kept = "removed on exit"
+	}
+	fmt.Fprintf(env.Stdout, `obmesh dev is running: one coordinator, one agent (site "default"), plugins as processes.
+
+  API:          %s
+  Admin token:  %s
+  Data dir:     %s (%s)
+  Nodes:        mock-1, mock-2, mock-3 (mock driver)
+
+In another shell:
+
+  export OBMESH_ADDR=%s
+  export OBMESH_TOKEN=%s
+
+Then try:
+
+  %s node list
+  %s power status mock-1
+  %s power cycle mock-1
+
+Press Ctrl-C to stop.
+`, addr, token, dir, kept, addr, token, self, self, self)
+}

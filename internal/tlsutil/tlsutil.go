@@ -1,0 +1,217 @@
+// Package tlsutil creates the certificate authority and certificates of the
+// agent link and builds the mutual-TLS configurations both ends use. A
+// certificate's role (agent or coordinator) is in its organizational unit;
+// its common name is the agent id or coordinator name.
+package tlsutil
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Role is what a certificate is for.
+type Role string
+
+// Roles.
+const (
+	RoleAgent       Role = "obmesh-agent"
+	RoleCoordinator Role = "obmesh-coordinator"
+)
+
+// CAFiles are the file names CreateCA writes in its directory.
+const (
+	CACertFile = "ca.pem"
+	CAKeyFile  = "ca-key.pem"
+)
+
+// CreateCA writes a new CA certificate and key into dir. It refuses to
+// overwrite an existing CA.
+func CreateCA(dir string, validity time.Duration) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: "obmesh CA", Organization: []string{"obmesh"}},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(validity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return err
+	}
+	return writePair(filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile), der, key)
+}
+
+// CertRequest describes a certificate to issue.
+type CertRequest struct {
+	Role Role
+	// Name is the common name: the agent id or the coordinator's name.
+	Name string
+	// Hosts are DNS names or IPs the certificate is valid for (servers).
+	Hosts    []string
+	Validity time.Duration
+}
+
+// CreateCert issues a certificate signed by the CA in caDir and writes
+// certPath and keyPath (mode 0600 for the key).
+func CreateCert(caDir string, req CertRequest, certPath, keyPath string) error {
+	if req.Role != RoleAgent && req.Role != RoleCoordinator {
+		return fmt.Errorf("tls: unknown role %q", req.Role)
+	}
+	if req.Name == "" {
+		return errors.New("tls: a certificate needs a name")
+	}
+	caCert, caKey, err := loadCA(caDir)
+	if err != nil {
+		return err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: req.Name, OrganizationalUnit: []string{string(req.Role)}, Organization: []string{"obmesh"}},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(req.Validity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	if req.Role == RoleCoordinator {
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+		hosts := req.Hosts
+		if len(hosts) == 0 {
+			hosts = []string{"localhost", "127.0.0.1", "::1"}
+		}
+		for _, h := range hosts {
+			if ip := net.ParseIP(h); ip != nil {
+				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+			} else {
+				tmpl.DNSNames = append(tmpl.DNSNames, h)
+			}
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		return err
+	}
+	return writePair(certPath, keyPath, der, key)
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	return n
+}
+
+func writePair(certPath, keyPath string, der []byte, key *ecdsa.PrivateKey) error {
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	kf, err := os.OpenFile(keyPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("tls: %w", err)
+	}
+	defer kf.Close()
+	if err := pem.Encode(kf, &pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}); err != nil {
+		return err
+	}
+	if err := kf.Close(); err != nil {
+		return err
+	}
+	return os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+}
+
+func loadCA(dir string) (*x509.Certificate, any, error) {
+	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile))
+	if err != nil {
+		return nil, nil, fmt.Errorf("tls: load CA from %s: %w", dir, err)
+	}
+	c, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, pair.PrivateKey, nil
+}
+
+// Files name a certificate, its key and the CA that verifies peers.
+type Files struct {
+	CA, Cert, Key string
+}
+
+func (f Files) load() (tls.Certificate, *x509.CertPool, error) {
+	pair, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("tls: load %s: %w", f.Cert, err)
+	}
+	pem, err := os.ReadFile(f.CA)
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("tls: load CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return tls.Certificate{}, nil, fmt.Errorf("tls: %s holds no certificate", f.CA)
+	}
+	return pair, pool, nil
+}
+
+// ServerConfig requires and verifies client certificates issued by the CA.
+func ServerConfig(f Files) (*tls.Config, error) {
+	pair, pool, err := f.load()
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{pair},
+		ClientCAs:    pool,
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		MinVersion:   tls.VersionTLS13,
+	}, nil
+}
+
+// ClientConfig presents the certificate and verifies the server against the
+// CA.
+func ClientConfig(f Files) (*tls.Config, error) {
+	pair, pool, err := f.load()
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{pair},
+		RootCAs:      pool,
+		MinVersion:   tls.VersionTLS13,
+	}, nil
+}
+
+// PeerIdentity returns the role and name of a verified peer certificate.
+func PeerIdentity(cs tls.ConnectionState) (Role, string, error) {
+	if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+		return "", "", errors.New("tls: peer presented no verified certificate")
+	}
+	c := cs.VerifiedChains[0][0]
+	if len(c.Subject.OrganizationalUnit) != 1 {
+		return "", "", errors.New("tls: peer certificate has no obmesh role")
+	}
+	return Role(c.Subject.OrganizationalUnit[0]), c.Subject.CommonName, nil
+}
