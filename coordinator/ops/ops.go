@@ -86,15 +86,15 @@ type Config struct {
 
 // Runner runs operations. It is safe for concurrent use.
 type Runner struct {
-	cfg     Config
-	nodes   Nodes
-	keys    *seal.Keyring
-	disp    Dispatcher
-	epoch   Epocher
-	logger  *slog.Logger
-	mu      sync.Mutex
-	recent  map[string]api.Receipt
-	order   []string
+	cfg    Config
+	nodes  Nodes
+	keys   *seal.Keyring
+	disp   Dispatcher
+	epoch  Epocher
+	logger *slog.Logger
+	mu     sync.Mutex
+	recent map[string]api.Receipt
+	order  []string
 }
 
 // New returns a Runner.

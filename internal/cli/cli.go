@@ -29,7 +29,9 @@ type Env struct {
 }
 
 // OSEnv is the real process environment.
-func OSEnv() Env { return Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv} }
+func OSEnv() Env {
+	return Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}
+}
 
 // Command is a node of the command tree. A leaf has Run; a group has Subs.
 type Command struct {

@@ -236,4 +236,3 @@ func NewToken() string {
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
-

@@ -126,6 +126,8 @@ func TestMock_BadOption(t *testing.T) {
 	}
 }
 
-type oneByte struct{ r interface{ Read([]byte) (int, error) } }
+type oneByte struct {
+	r interface{ Read([]byte) (int, error) }
+}
 
 func (o oneByte) Read(p []byte) (int, error) { return o.r.Read(p[:1]) }

@@ -85,4 +85,3 @@ func (p *Process) Pid() int {
 // Kill stops the plugin process (gracefully first, then by force) and
 // waits for it. It is idempotent.
 func (p *Process) Kill() { p.client.Kill() }
-

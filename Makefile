@@ -1,0 +1,50 @@
+# obmesh: make help lists the targets.
+GO       ?= go
+BIN      := bin
+PROTOC   ?= protoc
+GOBIN    := $(shell $(GO) env GOPATH)/bin
+BENCHTIME ?= 2s
+
+.DEFAULT_GOAL := help
+
+.PHONY: help build run test test-short lint proto bench fuzz clean deps
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+build: ## build bin/obmesh
+	$(GO) build -o $(BIN)/obmesh ./cmd/obmesh
+
+run: build ## start obmesh dev: a coordinator, an agent and simulated nodes
+	./$(BIN)/obmesh dev
+
+deps: ## install the Debian packages the tests use (when missing)
+	./scripts/install-deps.sh
+
+test: deps ## run every test under the race detector
+	GORACE=halt_on_error=1 $(GO) test -race -count=1 -timeout 20m ./...
+
+test-short: ## unit tests only (skips multi-process tests)
+	$(GO) test -short -race ./...
+
+lint: ## gofmt, go vet, go mod tidy check
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) mod tidy -diff
+
+proto: ## regenerate protobuf code (needs protoc; installs the Go generators)
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+	PATH="$(GOBIN):$$PATH" $(PROTOC) --go_out=. --go_opt=paths=source_relative \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
+		plugins/sdk/internal/driverpb/driver.proto internal/agentpb/agent.proto
+
+bench: ## run the benchmarks (latency through the whole path vs in-process)
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/systemtest/ ./plugins/...
+
+fuzz: ## fuzz the state machine for FUZZTIME (default 30s) per target
+	$(GO) test -run '^$$' -fuzz FuzzApplyDeterminism -fuzztime $${FUZZTIME:-30s} ./coordinator/state
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $${FUZZTIME:-30s} ./coordinator/state
+
+clean: ## remove build output
+	rm -rf $(BIN)

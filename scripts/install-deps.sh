@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages obmesh's tests use, when they are missing.
+# Runs apt-get only if something is missing, and only as root (CI is root).
+set -euo pipefail
+
+# package:command-that-proves-it-is-installed
+wanted=(
+)
+
+missing=()
+for w in "${wanted[@]}"; do
+  pkg=${w%%:*} cmd=${w#*:}
+  if ! command -v "$cmd" >/dev/null 2>&1 && ! [ -e "$cmd" ]; then
+    missing+=("$pkg")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing Debian packages: ${missing[*]} (run as root, or install them)" >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}" >/dev/null
