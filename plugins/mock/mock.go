@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/obmesh/obmesh/plugins/sdk"
 )
@@ -34,13 +35,22 @@ func (d *Driver) Info() sdk.Info { return sdk.Info{Name: "mock", Version: "1.0.0
 
 // Open implements sdk.Driver. The option "NumWrites" (any case, as obmd's
 // JSON decoding matched it) sets the first console line of a new
-// registration.
+// registration. The option "delay" (a Go duration, at most 1m) makes every
+// power and boot call take that long, for tests of operations in flight.
 func (d *Driver) Open(ctx context.Context, n sdk.Node) (sdk.BMC, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, sdk.Errorf(sdk.ClassTimeout, "mock: open: %v", err)
 	}
 	var start uint64
+	var delay time.Duration
 	for k, v := range n.Options {
+		if strings.EqualFold(k, "delay") {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 || d > time.Minute {
+				return nil, sdk.Errorf(sdk.ClassInvalid, "mock: option delay must be a duration up to 1m, got %q", v)
+			}
+			delay = d
+		}
 		if strings.EqualFold(k, "NumWrites") {
 			x, err := strconv.ParseUint(v, 10, 63)
 			if err != nil {
@@ -60,7 +70,7 @@ func (d *Driver) Open(ctx context.Context, n sdk.Node) (sdk.BMC, error) {
 		st = &node{power: sdk.StateOff, counter: start}
 		d.nodes[key] = st
 	}
-	return &bmc{n: st}, nil
+	return &bmc{n: st, delay: delay}, nil
 }
 
 // LastAction returns the last recorded action for a node key, in obmd's
@@ -87,7 +97,25 @@ type node struct {
 	console *console // the current viewer, nil if none
 }
 
-type bmc struct{ n *node }
+type bmc struct {
+	n     *node
+	delay time.Duration
+}
+
+// wait sleeps for the configured delay, bounded by ctx.
+func (b *bmc) wait(ctx context.Context) error {
+	if b.delay == 0 {
+		return nil
+	}
+	t := time.NewTimer(b.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return sdk.Errorf(sdk.ClassTimeout, "mock: %v", ctx.Err())
+	}
+}
 
 var (
 	_ sdk.PowerGetter      = (*bmc)(nil)
@@ -98,13 +126,19 @@ var (
 
 func (b *bmc) Close() error { return nil }
 
-func (b *bmc) PowerState(context.Context) (sdk.PowerStatus, error) {
+func (b *bmc) PowerState(ctx context.Context) (sdk.PowerStatus, error) {
+	if err := b.wait(ctx); err != nil {
+		return sdk.PowerStatus{}, err
+	}
 	b.n.mu.Lock()
 	defer b.n.mu.Unlock()
 	return sdk.PowerStatus{State: b.n.power, Raw: RawStatus}, nil
 }
 
-func (b *bmc) SetPower(_ context.Context, a sdk.PowerAction) error {
+func (b *bmc) SetPower(ctx context.Context, a sdk.PowerAction) error {
+	if err := b.wait(ctx); err != nil {
+		return err
+	}
 	b.n.mu.Lock()
 	defer b.n.mu.Unlock()
 	switch a {
@@ -127,7 +161,10 @@ func (b *bmc) SetPower(_ context.Context, a sdk.PowerAction) error {
 
 // SetBootDevice accepts obmd's mock devices "A" and "B" and the standard
 // devices; anything else is an invalid argument and changes nothing.
-func (b *bmc) SetBootDevice(_ context.Context, d sdk.BootDevice, _ sdk.BootOptions) error {
+func (b *bmc) SetBootDevice(ctx context.Context, d sdk.BootDevice, _ sdk.BootOptions) error {
+	if err := b.wait(ctx); err != nil {
+		return err
+	}
 	if d != "A" && d != "B" && !sdk.StandardBootDevice(d) {
 		return sdk.Errorf(sdk.ClassInvalid, "mock: invalid boot device %q", d)
 	}
