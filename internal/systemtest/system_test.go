@@ -1,0 +1,262 @@
+package systemtest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/obmesh/obmesh/coordinator/api"
+)
+
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "obmesh-systemtest-")
+	if err != nil {
+		panic(err)
+	}
+	bin, err = Build(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func repoRoot(t testing.TB) string {
+	r, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// The canary must never show up in a file, log, API answer or argv.
+const canary = "Canary-Pa55word-7f3e9c1d"
+
+func client(c *Cluster) *api.Client { return api.NewClient(c.HTTPAddr, c.Token, nil) }
+
+func waitAgentHealthy(t *testing.T, c *Cluster) {
+	t.Helper()
+	WaitFor(t, 30*time.Second, "agent a1 healthy", func() bool {
+		as, err := client(c).Agents(context.Background())
+		return err == nil && len(as) == 1 && as[0].Health == "healthy"
+	})
+}
+
+func scanForCanary(t *testing.T, c *Cluster, pids []int) {
+	t.Helper()
+	filepath.WalkDir(c.Dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err == nil && strings.Contains(string(b), canary) {
+			t.Errorf("the canary password appears in plaintext in %s", path)
+		}
+		return nil
+	})
+	for i, out := range c.Outputs() {
+		if strings.Contains(out, canary) {
+			t.Errorf("the canary password appears in CLI output #%d: %q", i, out)
+		}
+	}
+	for _, pid := range pids {
+		if strings.Contains(Cmdline(pid), canary) {
+			t.Errorf("the canary password appears in the argv of pid %d", pid)
+		}
+	}
+}
+
+func TestSystem_TwoProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	c := NewCluster(t, bin, repoRoot(t))
+	c.StartCoordinator()
+	c.StartAgent()
+	waitAgentHealthy(t, c)
+
+	t.Run("lifecycle via the CLI", func(t *testing.T) {
+		out, errOut, code := c.CLI(canary+"\n", "node", "register", "n1", "-driver", "mock", "-address", "10.1.2.3", "-username", "admin", "-password-stdin", "-o", "json")
+		if code != 0 {
+			t.Fatalf("node register: exit %d: %s", code, errOut)
+		}
+		var n api.Node
+		if err := json.Unmarshal([]byte(out), &n); err != nil || n.Name != "n1" || !n.HasPassword {
+			t.Fatalf("node register printed %q (%v)", out, err)
+		}
+		if _, errOut, code := c.CLI("", "power", "cycle", "n1"); code != 0 {
+			t.Fatalf("power cycle: exit %d: %s", code, errOut)
+		}
+		if _, errOut, code := c.CLI("", "boot", "set", "n1", "pxe", "-persistent", "-efi"); code != 0 {
+			t.Fatalf("boot set: exit %d: %s", code, errOut)
+		}
+		out, errOut, code = c.CLI("", "power", "status", "n1", "-o", "json")
+		if code != 0 {
+			t.Fatalf("power status: exit %d: %s", code, errOut)
+		}
+		var st struct {
+			State   string       `json:"state"`
+			Timings []api.Timing `json:"timings"`
+		}
+		if err := json.Unmarshal([]byte(out), &st); err != nil || st.State != "on" {
+			t.Fatalf("power status -o json = %q, want state on after a cycle", out)
+		}
+		if len(st.Timings) != 3 {
+			t.Errorf("receipt timings = %+v, want coordinator, agent and plugin hops", st.Timings)
+		}
+		out, _, code = c.CLI("", "node", "list", "-o", "json")
+		var list []map[string]any
+		if code != 0 || json.Unmarshal([]byte(out), &list) != nil || len(list) != 1 || list[0]["name"] != "n1" {
+			t.Fatalf("node list -o json = %q", out)
+		}
+		if _, errOut, code := c.CLI("", "node", "delete", "n1"); code != 0 {
+			t.Fatalf("node delete: exit %d: %s", code, errOut)
+		}
+		_, errOut, code = c.CLI("", "node", "show", "n1")
+		if code != 1 || !strings.Contains(errOut, "not_found") {
+			t.Errorf("node show after delete: exit %d, %q; want exit 1 and not_found", code, errOut)
+		}
+	})
+
+	t.Run("unknown site fails within its deadline naming the site", func(t *testing.T) {
+		if _, errOut, code := c.CLI("", "node", "register", "far", "-driver", "mock", "-site", "nowhere"); code != 0 {
+			t.Fatalf("register: %s", errOut)
+		}
+		start := time.Now()
+		out, errOut, code := c.CLI("", "power", "status", "far", "-o", "json")
+		took := time.Since(start)
+		if code != 1 || !strings.Contains(errOut, `"nowhere"`) || !strings.Contains(errOut, "no_agent") {
+			t.Errorf("power status on a site without agents: exit %d, stderr %q", code, errOut)
+		}
+		if !strings.Contains(out, `"outcome": "failed"`) {
+			t.Errorf("the failed operation's receipt was not printed: %q", out)
+		}
+		// agent_wait is 1s in this cluster; allow for a slow machine.
+		if took > 15*time.Second {
+			t.Errorf("failing took %v", took)
+		}
+	})
+
+	t.Run("plugin SIGKILL is restarted and the next operation succeeds", func(t *testing.T) {
+		if _, errOut, code := c.CLI("", "node", "register", "k1", "-driver", "mock"); code != 0 {
+			t.Fatalf("register: %s", errOut)
+		}
+		if _, errOut, code := c.CLI("", "power", "on", "k1"); code != 0 {
+			t.Fatalf("power on: %s", errOut)
+		}
+		old := pluginPid(t, c, "mock")
+		if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		WaitFor(t, 20*time.Second, "a new mock plugin process", func() bool {
+			p := pluginPidOrZero(c, "mock")
+			return p != 0 && p != old
+		})
+		if _, errOut, code := c.CLI("", "power", "status", "k1"); code != 0 {
+			t.Fatalf("power status after the plugin was killed: exit %d: %s", code, errOut)
+		}
+	})
+
+	t.Run("coordinator restart keeps nodes, no plaintext password at rest", func(t *testing.T) {
+		if _, errOut, code := c.CLI(canary+"\n", "node", "register", "keep", "-driver", "mock", "-username", "root", "-password-stdin"); code != 0 {
+			t.Fatalf("register: %s", errOut)
+		}
+		before, _, _ := c.CLI("", "node", "list", "-o", "json")
+		c.CLI("", "node", "show", "keep", "-o", "json")
+		c.CLI("", "node", "show", "keep")
+		c.CLI("", "agent", "list", "-o", "json")
+		pids := append([]int{c.Coord.Cmd.Process.Pid, c.Agent.Cmd.Process.Pid}, Children(c.Agent.Cmd.Process.Pid)...)
+		scanForCanary(t, c, pids)
+		c.Coord.Stop(t)
+		c.StartCoordinator()
+		WaitFor(t, 30*time.Second, "the restarted coordinator to serve the nodes", func() bool {
+			out, _, code := c.CLI("", "node", "list", "-o", "json")
+			return code == 0 && out == before
+		})
+		waitAgentHealthy(t, c)
+		out, errOut, code := c.CLI("", "power", "status", "keep", "-o", "json")
+		if code != 0 || !strings.Contains(out, `"outcome": "ok"`) {
+			t.Fatalf("power status after restart: exit %d, %s %s", code, out, errOut)
+		}
+		// The agent received the password inside the operation; it must
+		// still never have been logged or stored.
+		scanForCanary(t, c, append([]int{c.Coord.Cmd.Process.Pid}, Children(c.Agent.Cmd.Process.Pid)...))
+	})
+}
+
+func pluginPidOrZero(c *Cluster, driver string) int {
+	for _, pid := range Children(c.Agent.Cmd.Process.Pid) {
+		if strings.Contains(Cmdline(pid), "plugin "+driver) {
+			return pid
+		}
+	}
+	return 0
+}
+
+func pluginPid(t *testing.T, c *Cluster, driver string) int {
+	t.Helper()
+	p := pluginPidOrZero(c, driver)
+	if p == 0 {
+		t.Fatalf("no %s plugin process under the agent", driver)
+	}
+	return p
+}
+
+func TestSystem_DevStartsAndStops(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	dir := t.TempDir()
+	addr := FreePort(t)
+	p := Start(t, bin, dir, "dev", "dev", "-http-addr", addr)
+	var token string
+	WaitFor(t, 60*time.Second, "obmesh dev to print its exports", func() bool {
+		for _, line := range strings.Split(p.Log(t), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "export OBMESH_TOKEN="); ok {
+				token = v
+			}
+		}
+		return token != "" || p.Exited()
+	})
+	if token == "" {
+		t.Fatalf("obmesh dev exited:\n%s", p.Log(t))
+	}
+	log := p.Log(t)
+	for _, want := range []string{"export OBMESH_ADDR=http://" + addr, "power status mock-1"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("dev banner lacks %q:\n%s", want, log)
+		}
+	}
+	c := api.NewClient(addr, token, nil)
+	r, err := c.PowerStatus(context.Background(), "mock-1")
+	if err != nil || (r.State != "on" && r.State != "off") {
+		t.Fatalf("power status mock-1 = %+v, %v", r, err)
+	}
+	plugins := Children(p.Cmd.Process.Pid)
+	if len(plugins) == 0 {
+		t.Fatalf("obmesh dev runs no plugin processes")
+	}
+	start := time.Now()
+	p.Cmd.Process.Signal(syscall.SIGINT)
+	WaitFor(t, 15*time.Second, "obmesh dev to stop on SIGINT", p.Exited)
+	t.Logf("dev stopped %v after SIGINT", time.Since(start))
+	for _, pid := range plugins {
+		if err := syscall.Kill(pid, 0); err == nil {
+			t.Errorf("plugin process %d (%s) survived obmesh dev", pid, Cmdline(pid))
+		}
+	}
+	if !strings.Contains(p.Log(t), "stopped") {
+		t.Errorf("dev did not report a clean stop:\n%s", p.Log(t))
+	}
+}
