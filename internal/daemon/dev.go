@@ -26,9 +26,9 @@ var DevNodes = []api.NodeSpec{
 	{Name: "mock-3", Driver: "mock", Address: "mock-3.dev", Username: "admin", Password: "dev-password-3", Options: map[string]string{"NumWrites": "1000"}},
 }
 
-// devSetup creates (or reuses) the dev cluster's files in dir and returns
+// DevSetup creates (or reuses) the dev cluster's files in dir and returns
 // the coordinator and agent configs.
-func devSetup(dir, httpAddr string) (coordinator.Config, agent.Config, error) {
+func DevSetup(dir, httpAddr string) (coordinator.Config, agent.Config, error) {
 	tlsDir := filepath.Join(dir, "tls")
 	if _, err := os.Stat(filepath.Join(tlsDir, tlsutil.CACertFile)); errors.Is(err, os.ErrNotExist) {
 		if err := tlsutil.CreateCA(tlsDir, 365*24*time.Hour); err != nil {
@@ -99,7 +99,7 @@ func runDev(ctx context.Context, env cli.Env, args []string) int {
 	} else if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fail(env, "dev", err)
 	}
-	cc, ac, err := devSetup(dir, *httpAddr)
+	cc, ac, err := DevSetup(dir, *httpAddr)
 	if err != nil {
 		return fail(env, "dev", err)
 	}

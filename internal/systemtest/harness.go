@@ -291,3 +291,8 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		}
 	}
 }
+
+func readFileString(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	return string(b), err
+}
