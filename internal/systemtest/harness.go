@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -38,15 +39,23 @@ func Build(dir string) (string, error) {
 	return bin, nil
 }
 
-// FreePort returns a loopback address with a port that was free a moment ago.
+// FreePort returns a loopback address with a port that was free a moment
+// ago. Ports come from 20000-31999, below Linux's ephemeral range, so a port
+// handed to a child process cannot be taken meanwhile by a test elsewhere
+// binding ":0".
 func FreePort(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return addr
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("no free port found")
+	return ""
 }
 
 // Proc is a started obmesh process whose output goes to a log file.

@@ -47,10 +47,18 @@ func client(c *Cluster) *api.Client { return api.NewClient(c.HTTPAddr, c.Token, 
 
 func waitAgentHealthy(t *testing.T, c *Cluster) {
 	t.Helper()
-	WaitFor(t, 30*time.Second, "agent a1 healthy", func() bool {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
 		as, err := client(c).Agents(context.Background())
-		return err == nil && len(as) == 1 && as[0].Health == "healthy"
-	})
+		if err == nil && len(as) == 1 && as[0].Health == "healthy" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent a1 not healthy after 30s (agents %+v, err %v)\n--- coordinator log:\n%s\n--- agent log:\n%s",
+				as, err, c.Coord.Log(t), c.Agent.Log(t))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func scanForCanary(t *testing.T, c *Cluster, pids []int) {
