@@ -13,6 +13,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -233,6 +234,12 @@ func (a *Agent) session(ctx context.Context, addr string, base *tls.Config) (boo
 					opsMu.Unlock()
 					ocancel()
 				}()
+				if op.Action == "console_open" {
+					if res := a.console(octx, sctx, cc, op); res != nil {
+						send(res)
+					}
+					return
+				}
 				send(a.execute(octx, op))
 			})
 		case m.GetCancel() != nil:
@@ -258,6 +265,93 @@ func (a *Agent) raiseEpoch(e uint64) {
 			return
 		}
 	}
+}
+
+// console opens a node's console (bounded by openCtx) and serves it over a
+// Console stream until either end closes it (bounded by linkCtx). It returns
+// a failed result when the console could not be opened, nil otherwise.
+func (a *Agent) console(openCtx, linkCtx context.Context, cc *grpc.ClientConn, op *agentpb.Operation) *agentpb.AgentMessage {
+	start := time.Now()
+	pn := op.GetNode()
+	if pn == nil {
+		return result(op.Id, start, 0, sdk.Errorf(sdk.ClassInvalid, "operation without a node"), nil)
+	}
+	n := sdk.Node{Name: pn.Name, Key: pn.Key, Address: pn.Address, Username: pn.Username, Password: sdk.Secret(pn.Password), Options: pn.Options}
+	con, err := a.host.OpenConsole(openCtx, pn.Driver, n)
+	if err != nil {
+		a.logger.Info("console open failed", "op", op.Id, "node", pn.Name, "class", sdk.ClassOf(err))
+		return result(op.Id, start, 0, scrub(err, pn.Password), nil)
+	}
+	defer con.Close()
+	cctx, cancel := context.WithCancel(linkCtx)
+	defer cancel()
+	stream, err := agentpb.NewAgentLinkClient(cc).Console(cctx)
+	if err == nil {
+		err = stream.Send(&agentpb.ConsoleFrame{OpId: op.Id})
+	}
+	if err != nil {
+		return result(op.Id, start, 0, sdk.Errorf(sdk.ClassPlugin, "open console stream to the coordinator: %v", err), nil)
+	}
+	a.logger.Info("console opened", "op", op.Id, "node", pn.Name)
+	defer a.logger.Info("console closed", "op", op.Id, "node", pn.Name)
+
+	// The receive loop types input and queues the coordinator's pulls; when
+	// the coordinator ends the stream it closes the console, which ends a
+	// blocked Read below.
+	wantRead := make(chan struct{}, 16)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() {
+		defer close(done)
+		defer con.Close()
+		for {
+			f, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			if len(f.Data) > 0 {
+				if _, err := con.Write(f.Data); err != nil {
+					return
+				}
+			}
+			if f.Read {
+				select {
+				case wantRead <- struct{}{}:
+				default:
+				}
+			}
+		}
+	})
+	buf := make([]byte, 4096)
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-wantRead:
+		}
+		n, err := con.Read(buf)
+		f := &agentpb.ConsoleFrame{Data: append([]byte(nil), buf[:n]...)}
+		if err != nil {
+			f.Eof = true
+			if !errors.Is(err, io.EOF) {
+				f.Error = scrub(err, pn.Password).Error()
+			}
+		}
+		if serr := stream.Send(f); serr != nil || f.Eof {
+			return nil
+		}
+	}
+}
+
+// scrub removes a password from an error message: drivers should never echo
+// one; this makes sure.
+func scrub(err error, password string) error {
+	if err == nil || password == "" || !strings.Contains(err.Error(), password) {
+		return err
+	}
+	return sdk.Errorf(sdk.ClassOf(err), "%s", strings.ReplaceAll(err.Error(), password, "[redacted]"))
 }
 
 // execute runs one operation through the plugin host.
@@ -297,10 +391,7 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 		}
 		return sdk.Errorf(sdk.ClassInvalid, "unknown action %q", op.Action)
 	})
-	if err != nil && pn.Password != "" {
-		// Drivers should never echo a password; make sure of it.
-		err = sdk.Errorf(sdk.ClassOf(err), "%s", strings.ReplaceAll(err.Error(), pn.Password, "[redacted]"))
-	}
+	err = scrub(err, pn.Password)
 	a.logger.Info("operation", "op", op.Id, "node", pn.Name, "action", op.Action, "ok", err == nil, "class", sdk.ClassOf(err))
 	return result(op.Id, start, pluginTime, err, status)
 }

@@ -358,3 +358,23 @@ func (p *plugin) explain(proc *sdk.Process, err error) error {
 	}
 	return err
 }
+
+// OpenConsole opens the console of node n through the named driver. The open
+// waits its turn in the node's queue like any call (bounded by ctx); the
+// console then runs beside later calls until it is closed.
+func (h *Host) OpenConsole(ctx context.Context, driver string, n sdk.Node) (io.ReadWriteCloser, error) {
+	var con io.ReadWriteCloser
+	err := h.Do(ctx, driver, n, func(ctx context.Context, b sdk.BMC) error {
+		o, ok := b.(sdk.ConsoleOpener)
+		if !ok {
+			return sdk.ErrUnsupported
+		}
+		c, err := o.OpenConsole(ctx)
+		con = c
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return con, nil
+}

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"sync"
@@ -72,9 +73,10 @@ type Service struct {
 	lead   Leadership
 	logger *slog.Logger
 
-	mu      sync.Mutex
-	conns   map[string]*conn // by agent id
-	changed chan struct{}    // closed and replaced when conns change
+	mu       sync.Mutex
+	conns    map[string]*conn // by agent id
+	changed  chan struct{}    // closed and replaced when conns change
+	consoles map[string]chan *ConsoleStream // console opens waiting for their stream, by op id
 }
 
 // New returns a service. It does no I/O.
@@ -86,7 +88,7 @@ func New(cfg Config, lead Leadership, logger *slog.Logger) *Service {
 		cfg.AgentWait = 5 * time.Second
 	}
 	return &Service{cfg: cfg, lead: lead, logger: logger.With("component", "agentsvc"),
-		conns: map[string]*conn{}, changed: make(chan struct{})}
+		conns: map[string]*conn{}, changed: make(chan struct{}), consoles: map[string]chan *ConsoleStream{}}
 }
 
 // conn is one connected agent.
@@ -295,6 +297,35 @@ type Result struct {
 // such agent connects within the agent wait, and with ErrOutcomeUnknown
 // when the operation was sent but no result came back.
 func (s *Service) Dispatch(ctx context.Context, site, driver string, op *agentpb.Operation) (Result, error) {
+	res, _, err := s.dispatch(ctx, site, driver, op, nil)
+	return res, err
+}
+
+// OpenConsole sends a console_open operation and waits until the chosen
+// agent opens the console stream (or reports why it could not), bounded by
+// ctx. On success the Result is empty and the stream is returned; the
+// caller must Close it.
+func (s *Service) OpenConsole(ctx context.Context, site, driver string, op *agentpb.Operation) (Result, *ConsoleStream, error) {
+	ch := make(chan *ConsoleStream, 1)
+	s.mu.Lock()
+	s.consoles[op.Id] = ch
+	s.mu.Unlock()
+	defer func() {
+		// A stream that arrived after the opener gave up is closed here,
+		// atomically with the handler's hand-over (both under s.mu).
+		s.mu.Lock()
+		delete(s.consoles, op.Id)
+		select {
+		case late := <-ch:
+			late.Close()
+		default:
+		}
+		s.mu.Unlock()
+	}()
+	return s.dispatch(ctx, site, driver, op, ch)
+}
+
+func (s *Service) dispatch(ctx context.Context, site, driver string, op *agentpb.Operation, consoleCh chan *ConsoleStream) (Result, *ConsoleStream, error) {
 	waitCtx, cancel := context.WithTimeout(ctx, s.cfg.AgentWait)
 	defer cancel()
 	var c *conn
@@ -309,36 +340,133 @@ func (s *Service) Dispatch(ctx context.Context, site, driver string, op *agentpb
 		case <-changed:
 		case <-time.After(100 * time.Millisecond): // health changes are not signalled
 		case <-waitCtx.Done():
-			return Result{}, &NoAgentError{Site: site, Driver: driver}
+			return Result{}, nil, &NoAgentError{Site: site, Driver: driver}
 		}
 	}
 	ch := make(chan *agentpb.OperationResult, 1)
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return Result{Agent: c.id}, fmt.Errorf("agent %s disconnected before the operation was sent: %w", c.id, ErrNoAgent)
+		return Result{Agent: c.id}, nil, fmt.Errorf("agent %s disconnected before the operation was sent: %w", c.id, ErrNoAgent)
 	}
 	c.pending[op.Id] = ch
 	c.mu.Unlock()
-	if err := c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Operation{Operation: op}}); err != nil {
+	forget := func() {
 		c.mu.Lock()
 		delete(c.pending, op.Id)
 		c.mu.Unlock()
-		return Result{Agent: c.id, Sent: true}, fmt.Errorf("send to agent %s: %v: %w", c.id, err, ErrOutcomeUnknown)
+	}
+	if err := c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Operation{Operation: op}}); err != nil {
+		forget()
+		return Result{Agent: c.id, Sent: true}, nil, fmt.Errorf("send to agent %s: %v: %w", c.id, err, ErrOutcomeUnknown)
 	}
 	select {
 	case r, ok := <-ch:
 		if !ok {
-			return Result{Agent: c.id, Sent: true}, fmt.Errorf("agent %s disconnected during the operation: %w", c.id, ErrOutcomeUnknown)
+			return Result{Agent: c.id, Sent: true}, nil, fmt.Errorf("agent %s disconnected during the operation: %w", c.id, ErrOutcomeUnknown)
 		}
-		return Result{OperationResult: r, Agent: c.id, Sent: true}, nil
+		return Result{OperationResult: r, Agent: c.id, Sent: true}, nil, nil
+	case cs := <-consoleCh: // nil channel for plain operations
+		forget()
+		return Result{Agent: c.id, Sent: true}, cs, nil
 	case <-ctx.Done():
-		c.mu.Lock()
-		delete(c.pending, op.Id)
-		c.mu.Unlock()
+		forget()
 		c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Cancel{Cancel: &agentpb.Cancel{Id: op.Id}}})
-		return Result{Agent: c.id, Sent: true}, fmt.Errorf("no result from agent %s before the deadline: %w", c.id, ErrOutcomeUnknown)
+		return Result{Agent: c.id, Sent: true}, nil, fmt.Errorf("no result from agent %s before the deadline: %w", c.id, ErrOutcomeUnknown)
 	}
+}
+
+// Console serves a console stream an agent opened for a console_open
+// operation: it hands the stream to the waiting OpenConsole and keeps it
+// open until the ConsoleStream is closed or the agent goes away.
+func (s *Service) Console(stream agentpb.AgentLink_ConsoleServer) error {
+	if _, err := agentIdentity(stream.Context()); err != nil {
+		return status.Error(codes.PermissionDenied, err.Error())
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	cs := &ConsoleStream{stream: stream, release: make(chan struct{})}
+	s.mu.Lock()
+	ch, ok := s.consoles[first.OpId]
+	delete(s.consoles, first.OpId)
+	if ok {
+		ch <- cs // capacity 1, one hand-over per operation: never blocks
+	}
+	s.mu.Unlock()
+	if !ok {
+		return status.Errorf(codes.NotFound, "no console open is waiting for operation %q", first.OpId)
+	}
+	select {
+	case <-cs.release:
+	case <-stream.Context().Done():
+	}
+	return nil
+}
+
+// ConsoleStream is the coordinator's end of one console session. Read pulls
+// the next chunk of output from the agent; Write types input; Close ends the
+// session (the agent then closes the console). Read and Write may be called
+// concurrently; Close is idempotent.
+type ConsoleStream struct {
+	stream  agentpb.AgentLink_ConsoleServer
+	release chan struct{}
+	once    sync.Once
+	sendMu  sync.Mutex
+	readMu  sync.Mutex
+	pending []byte
+	err     error
+}
+
+func (c *ConsoleStream) send(f *agentpb.ConsoleFrame) error {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	return c.stream.Send(f)
+}
+
+// Read returns console output; io.EOF when the console ended or was closed.
+func (c *ConsoleStream) Read(p []byte) (int, error) {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	for len(c.pending) == 0 {
+		if c.err != nil {
+			return 0, c.err
+		}
+		if err := c.send(&agentpb.ConsoleFrame{Read: true}); err != nil {
+			c.err = io.EOF
+			return 0, c.err
+		}
+		f, err := c.stream.Recv()
+		if err != nil {
+			c.err = io.EOF
+			return 0, c.err
+		}
+		c.pending = f.Data
+		if f.Eof {
+			c.err = io.EOF
+			if f.Error != "" {
+				c.err = fmt.Errorf("console ended: %s", f.Error)
+			}
+		}
+	}
+	n := copy(p, c.pending)
+	c.pending = c.pending[n:]
+	return n, nil
+}
+
+// Write types p into the console.
+func (c *ConsoleStream) Write(p []byte) (int, error) {
+	if err := c.send(&agentpb.ConsoleFrame{Data: append([]byte(nil), p...)}); err != nil {
+		return 0, io.EOF
+	}
+	return len(p), nil
+}
+
+// Close ends the console session.
+func (c *ConsoleStream) Close() error {
+	c.once.Do(func() { close(c.release) })
+	return nil
 }
 
 // AgentStatus is the live view of one connected agent.

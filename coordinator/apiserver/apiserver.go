@@ -282,8 +282,8 @@ func toAPINode(n state.Node) api.Node {
 }
 
 func validateSpec(s *api.NodeSpec) error {
-	if !state.ValidName(s.Name) {
-		return badRequest("node name %q is invalid: use 1-128 characters from A-Z a-z 0-9 . _ : - (not starting with a dot)", s.Name)
+	if !state.ValidNodeName(s.Name) {
+		return badRequest("node name %q is invalid: use 1-128 printable characters, no '/'", s.Name)
 	}
 	if !state.ValidName(s.Driver) {
 		return badRequest("driver %q is invalid: name a driver such as ipmi, redfish or mock", s.Driver)

@@ -28,6 +28,10 @@ func (f dispatchFunc) Dispatch(ctx context.Context, site, driver string, op *age
 	return f(ctx, site, driver, op)
 }
 
+func (f dispatchFunc) OpenConsole(ctx context.Context, site, driver string, op *agentpb.Operation) (agentsvc.Result, *agentsvc.ConsoleStream, error) {
+	return agentsvc.Result{}, nil, &agentsvc.NoAgentError{Site: site, Driver: driver}
+}
+
 type noAgents struct{}
 
 func (noAgents) Connected() []agentsvc.AgentStatus { return nil }
@@ -125,7 +129,7 @@ func TestAPI_RefusedRequestsStoreNothing(t *testing.T) {
 		{"trailing data", "POST", "/v1/nodes", `{"name":"n1","driver":"mock"} {}`, token, 400, api.CodeInvalidArgument},
 		{"empty body", "POST", "/v1/nodes", ``, token, 400, api.CodeInvalidArgument},
 		{"too large", "POST", "/v1/nodes", big, token, 413, api.CodeBodyTooLarge},
-		{"bad name", "POST", "/v1/nodes", `{"name":"has space","driver":"mock"}`, token, 400, api.CodeInvalidArgument},
+		{"bad name", "POST", "/v1/nodes", `{"name":"a\u0001b","driver":"mock"}`, token, 400, api.CodeInvalidArgument},
 		{"slash in name", "POST", "/v1/nodes", `{"name":"a/b","driver":"mock"}`, token, 400, api.CodeInvalidArgument},
 		{"no driver", "POST", "/v1/nodes", `{"name":"n1"}`, token, 400, api.CodeInvalidArgument},
 		{"bad option", "POST", "/v1/nodes", `{"name":"n1","driver":"mock","options":{"a b":"c"}}`, token, 400, api.CodeInvalidArgument},

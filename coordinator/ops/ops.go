@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"time"
@@ -29,6 +30,7 @@ const (
 	ActPowerStatus  = "power_status"
 	ActBootDevice   = "boot_device"
 	ActIdentity     = "identity"
+	ActConsoleOpen  = "console_open"
 )
 
 // PowerAction maps an API power action to a link action.
@@ -68,6 +70,7 @@ type Nodes interface {
 // Dispatcher sends operations to agents.
 type Dispatcher interface {
 	Dispatch(ctx context.Context, site, driver string, op *agentpb.Operation) (agentsvc.Result, error)
+	OpenConsole(ctx context.Context, site, driver string, op *agentpb.Operation) (agentsvc.Result, *agentsvc.ConsoleStream, error)
 }
 
 // Epocher gives the leader's current epoch.
@@ -120,6 +123,21 @@ func (f *Failure) Error() string { return f.Message }
 // Do runs one operation and returns its receipt. The error is nil when the
 // outcome is ok; otherwise it is ErrNodeNotFound or a *Failure.
 func (r *Runner) Do(ctx context.Context, req Request) (api.Receipt, error) {
+	rec, _, err := r.run(ctx, req)
+	return rec, err
+}
+
+// OpenConsole opens a node's console through an agent; ctx bounds the
+// opening only. The caller must Close the returned console.
+func (r *Runner) OpenConsole(ctx context.Context, node string) (io.ReadWriteCloser, api.Receipt, error) {
+	rec, cs, err := r.run(ctx, Request{Node: node, Action: ActConsoleOpen})
+	if err != nil {
+		return nil, rec, err
+	}
+	return cs, rec, nil
+}
+
+func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.ConsoleStream, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.cfg.DefaultTimeout)
@@ -127,7 +145,7 @@ func (r *Runner) Do(ctx context.Context, req Request) (api.Receipt, error) {
 	}
 	n, ok := r.nodes.Node(req.Node)
 	if !ok {
-		return api.Receipt{}, fmt.Errorf("node %q: %w", req.Node, ErrNodeNotFound)
+		return api.Receipt{}, nil, fmt.Errorf("node %q: %w", req.Node, ErrNodeNotFound)
 	}
 	start := time.Now()
 	rec := api.Receipt{ID: agentsvc.NewOperationID(), Node: n.Name, Action: req.Action, Site: n.Site, StartedAt: start.UTC()}
@@ -150,7 +168,8 @@ func (r *Runner) Do(ctx context.Context, req Request) (api.Receipt, error) {
 	if !n.Credential.IsZero() {
 		p, err := r.keys.Open(n.Credential, n.Name)
 		if err != nil {
-			return finish(api.OutcomeFailed, &Failure{Class: "internal", Message: fmt.Sprintf("cannot open the stored credential of node %s: %v", n.Name, err)})
+			rec, err := finish(api.OutcomeFailed, &Failure{Class: "internal", Message: fmt.Sprintf("cannot open the stored credential of node %s: %v", n.Name, err)})
+			return rec, nil, err
 		}
 		password = string(p)
 	}
@@ -163,22 +182,38 @@ func (r *Runner) Do(ctx context.Context, req Request) (api.Receipt, error) {
 			Username: n.Username, Password: password, Options: n.Options},
 	}
 	rec.Epoch = op.Epoch
-	res, err := r.disp.Dispatch(ctx, n.Site, n.Driver, op)
+	var res agentsvc.Result
+	var cs *agentsvc.ConsoleStream
+	var err error
+	if req.Action == ActConsoleOpen {
+		res, cs, err = r.disp.OpenConsole(ctx, n.Site, n.Driver, op)
+	} else {
+		res, err = r.disp.Dispatch(ctx, n.Site, n.Driver, op)
+	}
 	rec.Agent = res.Agent
+	var f *Failure
+	outcome := api.OutcomeFailed
 	switch {
 	case errors.Is(err, agentsvc.ErrNoAgent):
-		return finish(api.OutcomeFailed, &Failure{Class: "no_agent", Message: err.Error()})
+		f = &Failure{Class: "no_agent", Message: err.Error()}
 	case errors.Is(err, agentsvc.ErrOutcomeUnknown):
-		return finish(api.OutcomeUnknown, &Failure{Class: "outcome_unknown", Message: err.Error() + "; look the operation up by its receipt id " + rec.ID})
+		outcome = api.OutcomeUnknown
+		f = &Failure{Class: "outcome_unknown", Message: err.Error() + "; look the operation up by its receipt id " + rec.ID}
 	case err != nil:
-		return finish(api.OutcomeFailed, &Failure{Class: "internal", Message: err.Error()})
+		f = &Failure{Class: "internal", Message: err.Error()}
+	case cs != nil:
+		outcome = api.OutcomeOK
+	default:
+		rec.Timings = append(rec.Timings, api.Timing{Hop: "agent", DurationMS: ms(time.Duration(res.AgentNs))}, api.Timing{Hop: "plugin", DurationMS: ms(time.Duration(res.PluginNs))})
+		rec.State, rec.RawState = res.PowerState, res.RawState
+		if res.Ok {
+			outcome = api.OutcomeOK
+		} else {
+			f = &Failure{Class: res.ErrorClass, Message: res.ErrorMessage}
+		}
 	}
-	rec.Timings = append(rec.Timings, api.Timing{Hop: "agent", DurationMS: ms(time.Duration(res.AgentNs))}, api.Timing{Hop: "plugin", DurationMS: ms(time.Duration(res.PluginNs))})
-	rec.State, rec.RawState = res.PowerState, res.RawState
-	if !res.Ok {
-		return finish(api.OutcomeFailed, &Failure{Class: res.ErrorClass, Message: res.ErrorMessage})
-	}
-	return finish(api.OutcomeOK, nil)
+	rec, err = finish(outcome, f)
+	return rec, cs, err
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

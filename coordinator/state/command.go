@@ -42,6 +42,22 @@ type DeleteAgent struct {
 	ID string `json:"id"`
 }
 
+// SetNodeToken replaces a node's obmd-API token hash. The leader draws the
+// token and salt; only the hash is proposed.
+type SetNodeToken struct {
+	Name string `json:"name"`
+	Salt []byte `json:"salt"`
+	Hash []byte `json:"hash"`
+}
+
+// ClearNodeToken removes a node's token. Clearing an absent token succeeds.
+type ClearNodeToken struct {
+	Name string `json:"name"`
+}
+
+func (SetNodeToken) commandType() string   { return "node.token.set" }
+func (ClearNodeToken) commandType() string { return "node.token.clear" }
+
 func (RegisterNode) commandType() string  { return "node.register" }
 func (DeleteNode) commandType() string    { return "node.delete" }
 func (PutSite) commandType() string       { return "site.put" }
@@ -89,6 +105,10 @@ func Decode(data []byte) (c Command, ignore bool, err error) {
 		c, err = decodeAs[RegisterAgent](env.Payload)
 	case "agent.delete":
 		c, err = decodeAs[DeleteAgent](env.Payload)
+	case "node.token.set":
+		c, err = decodeAs[SetNodeToken](env.Payload)
+	case "node.token.clear":
+		c, err = decodeAs[ClearNodeToken](env.Payload)
 	default:
 		if env.IgnoreIfUnknown {
 			return nil, true, nil
@@ -141,7 +161,7 @@ func (s *State) apply(index uint64, c Command) Result {
 	switch c := c.(type) {
 	case RegisterNode:
 		n := c.Node
-		if !ValidName(n.Name) || !ValidName(n.Site) || n.Driver == "" {
+		if !ValidNodeName(n.Name) || !ValidName(n.Site) || n.Driver == "" {
 			return Result{Err: fmt.Errorf("%w: node needs a valid name, site and driver", ErrInvalid)}
 		}
 		if _, ok := s.nodes[n.Name]; ok {
@@ -153,6 +173,27 @@ func (s *State) apply(index uint64, c Command) Result {
 		s.nodes[n.Name] = &n
 		out := cloneNode(&n)
 		return Result{Node: &out}
+	case SetNodeToken:
+		n, ok := s.nodes[c.Name]
+		if !ok {
+			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}
+		}
+		if len(c.Salt) == 0 || len(c.Hash) == 0 {
+			return Result{Err: fmt.Errorf("%w: token needs a salt and a hash", ErrInvalid)}
+		}
+		n.Token = &TokenHash{Salt: slices.Clone(c.Salt), Hash: slices.Clone(c.Hash), Index: index}
+		n.ModifyIndex = index
+		return Result{}
+	case ClearNodeToken:
+		n, ok := s.nodes[c.Name]
+		if !ok {
+			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}
+		}
+		if n.Token != nil {
+			n.Token = nil
+			n.ModifyIndex = index
+		}
+		return Result{}
 	case DeleteNode:
 		if _, ok := s.nodes[c.Name]; !ok {
 			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}

@@ -19,6 +19,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Version is the envelope version this code writes and reads.
@@ -64,6 +66,18 @@ type Node struct {
 	ModifyIndex uint64 `json:"modify_index"`
 	// CreatedUnixNano is stamped by the leader.
 	CreatedUnixNano int64 `json:"created_unix_nano"`
+	// Token is the obmd-API node token, as a salted hash; nil when no
+	// token is issued.
+	Token *TokenHash `json:"token,omitempty"`
+}
+
+// TokenHash is a salted SHA-256 of a node token. The token itself is never
+// stored.
+type TokenHash struct {
+	Salt []byte `json:"salt"`
+	Hash []byte `json:"hash"`
+	// Index is the log index that issued the token.
+	Index uint64 `json:"index"`
 }
 
 // Key identifies this registration of the node.
@@ -167,6 +181,11 @@ func (s *State) Agents() []Agent {
 
 func cloneNode(n *Node) Node {
 	c := *n
+	if n.Token != nil {
+		t := *n.Token
+		t.Salt, t.Hash = slices.Clone(n.Token.Salt), slices.Clone(n.Token.Hash)
+		c.Token = &t
+	}
 	c.Credential.Nonce = slices.Clone(n.Credential.Nonce)
 	c.Credential.Ciphertext = slices.Clone(n.Credential.Ciphertext)
 	if n.Options != nil {
@@ -188,6 +207,21 @@ func ValidName(s string) bool {
 		switch {
 		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', strings.ContainsRune("._:-", r):
 		default:
+			return false
+		}
+	}
+	return true
+}
+
+// ValidNodeName reports whether s is acceptable as a node name. Node names
+// are obmd labels, which may hold any printable character but '/': 1 to 128
+// bytes of valid UTF-8, no control characters, not "." or "..".
+func ValidNodeName(s string) bool {
+	if s == "" || len(s) > 128 || s == "." || s == ".." || !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r == '/' || unicode.IsControl(r) {
 			return false
 		}
 	}

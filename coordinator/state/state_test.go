@@ -12,12 +12,16 @@ import (
 // registers, duplicate registers, deletes of missing nodes and agent
 // reconnects all happen.
 func randomLog(r *rand.Rand, n int) [][]byte {
-	names := []string{"n1", "n2", "n3", "n4", "bad name"}
+	names := []string{"n1", "n2", "n3", "a b", "bad/name", ""}
 	sites := []string{"default", "siteA", "siteB", ""}
 	var log [][]byte
 	for i := range n {
 		var c Command
-		switch r.IntN(6) {
+		switch r.IntN(8) {
+		case 6:
+			c = SetNodeToken{Name: names[r.IntN(len(names))], Salt: []byte{byte(i), 1}, Hash: []byte{byte(r.IntN(255)), 2}}
+		case 7:
+			c = ClearNodeToken{Name: names[r.IntN(len(names))]}
 		case 0, 1:
 			c = RegisterNode{Node: Node{
 				Name: names[r.IntN(len(names))], Driver: "mock", Site: sites[r.IntN(len(sites))],
@@ -153,7 +157,7 @@ func TestState_RegisterDelete(t *testing.T) {
 	if res, _ := s.Apply(8, enc(DeleteNode{Name: "n1"})); !errors.Is(res.Err, ErrNotFound) {
 		t.Errorf("delete missing = %v, want ErrNotFound", res.Err)
 	}
-	if res, _ := s.Apply(9, enc(RegisterNode{Node: Node{Name: "has space", Driver: "mock", Site: "s"}})); !errors.Is(res.Err, ErrInvalid) {
+	if res, _ := s.Apply(9, enc(RegisterNode{Node: Node{Name: "has/slash", Driver: "mock", Site: "s"}})); !errors.Is(res.Err, ErrInvalid) {
 		t.Errorf("register bad name = %v, want ErrInvalid", res.Err)
 	}
 	if s.Index() != 9 {
@@ -189,5 +193,34 @@ func TestDecode_FatalAndIgnorable(t *testing.T) {
 		if !errors.Is(err, c.wantErr) || (c.wantErr == nil && err != nil) || ignore != c.ignore {
 			t.Errorf("Decode(%s) = ignore %v, err %v; want ignore %v, err %v", c.in, ignore, err, c.ignore, c.wantErr)
 		}
+	}
+}
+
+func TestState_NodeTokens(t *testing.T) {
+	s := New()
+	enc := func(c Command) []byte { b, _ := Encode(c); return b }
+	s.Apply(1, enc(RegisterNode{Node: Node{Name: "a b", Driver: "mock", Site: "s"}}))
+	if res, _ := s.Apply(2, enc(SetNodeToken{Name: "a b", Salt: []byte{1}, Hash: []byte{2}})); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	n, _ := s.Node("a b")
+	if n.Token == nil || n.Token.Index != 2 || n.Token.Hash[0] != 2 {
+		t.Fatalf("token = %+v", n.Token)
+	}
+	n.Token.Hash[0] = 9
+	if again, _ := s.Node("a b"); again.Token.Hash[0] != 2 {
+		t.Errorf("token hash shared with a read copy")
+	}
+	if res, _ := s.Apply(3, enc(ClearNodeToken{Name: "a b"})); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if res, _ := s.Apply(4, enc(ClearNodeToken{Name: "a b"})); res.Err != nil {
+		t.Errorf("clearing an absent token = %v, want nil", res.Err)
+	}
+	if n, _ := s.Node("a b"); n.Token != nil {
+		t.Errorf("token after clear = %+v", n.Token)
+	}
+	if res, _ := s.Apply(5, enc(SetNodeToken{Name: "nope", Salt: []byte{1}, Hash: []byte{2}})); !errors.Is(res.Err, ErrNotFound) {
+		t.Errorf("token for a missing node = %v", res.Err)
 	}
 }

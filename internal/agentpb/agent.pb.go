@@ -25,6 +25,87 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ConsoleFrame struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// op_id is set on the agent's first frame.
+	OpId string `protobuf:"bytes,1,opt,name=op_id,json=opId,proto3" json:"op_id,omitempty"`
+	// data is console output (agent to coordinator) or input (coordinator to
+	// agent).
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// read asks the agent for the next chunk of output.
+	Read bool `protobuf:"varint,3,opt,name=read,proto3" json:"read,omitempty"`
+	// eof says the console ended; error why, if it failed.
+	Eof           bool   `protobuf:"varint,4,opt,name=eof,proto3" json:"eof,omitempty"`
+	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsoleFrame) Reset() {
+	*x = ConsoleFrame{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsoleFrame) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsoleFrame) ProtoMessage() {}
+
+func (x *ConsoleFrame) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsoleFrame.ProtoReflect.Descriptor instead.
+func (*ConsoleFrame) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ConsoleFrame) GetOpId() string {
+	if x != nil {
+		return x.OpId
+	}
+	return ""
+}
+
+func (x *ConsoleFrame) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ConsoleFrame) GetRead() bool {
+	if x != nil {
+		return x.Read
+	}
+	return false
+}
+
+func (x *ConsoleFrame) GetEof() bool {
+	if x != nil {
+		return x.Eof
+	}
+	return false
+}
+
+func (x *ConsoleFrame) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type AgentMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -39,7 +120,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[0]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -51,7 +132,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[0]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -64,7 +145,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{0}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *AgentMessage) GetMsg() isAgentMessage_Msg {
@@ -138,7 +219,7 @@ type CoordinatorMessage struct {
 
 func (x *CoordinatorMessage) Reset() {
 	*x = CoordinatorMessage{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[1]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -150,7 +231,7 @@ func (x *CoordinatorMessage) String() string {
 func (*CoordinatorMessage) ProtoMessage() {}
 
 func (x *CoordinatorMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[1]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -163,7 +244,7 @@ func (x *CoordinatorMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CoordinatorMessage.ProtoReflect.Descriptor instead.
 func (*CoordinatorMessage) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{1}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CoordinatorMessage) GetMsg() isCoordinatorMessage_Msg {
@@ -252,7 +333,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[2]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -264,7 +345,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[2]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -277,7 +358,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{2}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Hello) GetAgentId() string {
@@ -325,7 +406,7 @@ type Driver struct {
 
 func (x *Driver) Reset() {
 	*x = Driver{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[3]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -337,7 +418,7 @@ func (x *Driver) String() string {
 func (*Driver) ProtoMessage() {}
 
 func (x *Driver) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[3]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -350,7 +431,7 @@ func (x *Driver) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Driver.ProtoReflect.Descriptor instead.
 func (*Driver) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{3}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Driver) GetName() string {
@@ -381,7 +462,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[4]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -393,7 +474,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[4]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -406,7 +487,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{4}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Welcome) GetEpoch() uint64 {
@@ -441,7 +522,7 @@ type Redirect struct {
 
 func (x *Redirect) Reset() {
 	*x = Redirect{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[5]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -453,7 +534,7 @@ func (x *Redirect) String() string {
 func (*Redirect) ProtoMessage() {}
 
 func (x *Redirect) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[5]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -466,7 +547,7 @@ func (x *Redirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
 func (*Redirect) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{5}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Redirect) GetLeader() string {
@@ -485,7 +566,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[6]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +578,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[6]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +591,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{6}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Heartbeat) GetSentUnixNano() int64 {
@@ -538,7 +619,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +631,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +644,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Node) GetName() string {
@@ -628,7 +709,9 @@ type Operation struct {
 	Epoch uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Node  *Node                  `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
 	// action: "power_on", "power_off", "power_soft_off", "power_cycle",
-	// "power_reset", "power_status", "boot_device", "identity".
+	// "power_reset", "power_status", "boot_device", "identity",
+	// "console_open" (answered by opening a Console stream, or by a failed
+	// result).
 	Action     string `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
 	BootDevice string `protobuf:"bytes,5,opt,name=boot_device,json=bootDevice,proto3" json:"boot_device,omitempty"`
 	Persistent bool   `protobuf:"varint,6,opt,name=persistent,proto3" json:"persistent,omitempty"`
@@ -641,7 +724,7 @@ type Operation struct {
 
 func (x *Operation) Reset() {
 	*x = Operation{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +736,7 @@ func (x *Operation) String() string {
 func (*Operation) ProtoMessage() {}
 
 func (x *Operation) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,7 +749,7 @@ func (x *Operation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Operation.ProtoReflect.Descriptor instead.
 func (*Operation) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Operation) GetId() string {
@@ -734,7 +817,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +829,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +842,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Cancel) GetId() string {
@@ -789,7 +872,7 @@ type OperationResult struct {
 
 func (x *OperationResult) Reset() {
 	*x = OperationResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +884,7 @@ func (x *OperationResult) String() string {
 func (*OperationResult) ProtoMessage() {}
 
 func (x *OperationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +897,7 @@ func (x *OperationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationResult.ProtoReflect.Descriptor instead.
 func (*OperationResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *OperationResult) GetId() string {
@@ -884,7 +967,13 @@ var File_internal_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1cinternal/agentpb/agent.proto\x12\x0fobmesh.agent.v1\"\xbd\x01\n" +
+	"\x1cinternal/agentpb/agent.proto\x12\x0fobmesh.agent.v1\"s\n" +
+	"\fConsoleFrame\x12\x13\n" +
+	"\x05op_id\x18\x01 \x01(\tR\x04opId\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
+	"\x04read\x18\x03 \x01(\bR\x04read\x12\x10\n" +
+	"\x03eof\x18\x04 \x01(\bR\x03eof\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\xbd\x01\n" +
 	"\fAgentMessage\x12.\n" +
 	"\x05hello\x18\x01 \x01(\v2\x16.obmesh.agent.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\x06result\x18\x02 \x01(\v2 .obmesh.agent.v1.OperationResultH\x00R\x06result\x12:\n" +
@@ -953,9 +1042,10 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\tplugin_ns\x18\t \x01(\x03R\bpluginNs\x1a;\n" +
 	"\rIdentityEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012^\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xab\x01\n" +
 	"\tAgentLink\x12Q\n" +
-	"\aConnect\x12\x1d.obmesh.agent.v1.AgentMessage\x1a#.obmesh.agent.v1.CoordinatorMessage(\x010\x01B+Z)github.com/obmesh/obmesh/internal/agentpbb\x06proto3"
+	"\aConnect\x12\x1d.obmesh.agent.v1.AgentMessage\x1a#.obmesh.agent.v1.CoordinatorMessage(\x010\x01\x12K\n" +
+	"\aConsole\x12\x1d.obmesh.agent.v1.ConsoleFrame\x1a\x1d.obmesh.agent.v1.ConsoleFrame(\x010\x01B+Z)github.com/obmesh/obmesh/internal/agentpbb\x06proto3"
 
 var (
 	file_internal_agentpb_agent_proto_rawDescOnce sync.Once
@@ -969,38 +1059,41 @@ func file_internal_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_internal_agentpb_agent_proto_rawDescData
 }
 
-var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_internal_agentpb_agent_proto_goTypes = []any{
-	(*AgentMessage)(nil),       // 0: obmesh.agent.v1.AgentMessage
-	(*CoordinatorMessage)(nil), // 1: obmesh.agent.v1.CoordinatorMessage
-	(*Hello)(nil),              // 2: obmesh.agent.v1.Hello
-	(*Driver)(nil),             // 3: obmesh.agent.v1.Driver
-	(*Welcome)(nil),            // 4: obmesh.agent.v1.Welcome
-	(*Redirect)(nil),           // 5: obmesh.agent.v1.Redirect
-	(*Heartbeat)(nil),          // 6: obmesh.agent.v1.Heartbeat
-	(*Node)(nil),               // 7: obmesh.agent.v1.Node
-	(*Operation)(nil),          // 8: obmesh.agent.v1.Operation
-	(*Cancel)(nil),             // 9: obmesh.agent.v1.Cancel
-	(*OperationResult)(nil),    // 10: obmesh.agent.v1.OperationResult
-	nil,                        // 11: obmesh.agent.v1.Node.OptionsEntry
-	nil,                        // 12: obmesh.agent.v1.OperationResult.IdentityEntry
+	(*ConsoleFrame)(nil),       // 0: obmesh.agent.v1.ConsoleFrame
+	(*AgentMessage)(nil),       // 1: obmesh.agent.v1.AgentMessage
+	(*CoordinatorMessage)(nil), // 2: obmesh.agent.v1.CoordinatorMessage
+	(*Hello)(nil),              // 3: obmesh.agent.v1.Hello
+	(*Driver)(nil),             // 4: obmesh.agent.v1.Driver
+	(*Welcome)(nil),            // 5: obmesh.agent.v1.Welcome
+	(*Redirect)(nil),           // 6: obmesh.agent.v1.Redirect
+	(*Heartbeat)(nil),          // 7: obmesh.agent.v1.Heartbeat
+	(*Node)(nil),               // 8: obmesh.agent.v1.Node
+	(*Operation)(nil),          // 9: obmesh.agent.v1.Operation
+	(*Cancel)(nil),             // 10: obmesh.agent.v1.Cancel
+	(*OperationResult)(nil),    // 11: obmesh.agent.v1.OperationResult
+	nil,                        // 12: obmesh.agent.v1.Node.OptionsEntry
+	nil,                        // 13: obmesh.agent.v1.OperationResult.IdentityEntry
 }
 var file_internal_agentpb_agent_proto_depIdxs = []int32{
-	2,  // 0: obmesh.agent.v1.AgentMessage.hello:type_name -> obmesh.agent.v1.Hello
-	10, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
-	6,  // 2: obmesh.agent.v1.AgentMessage.heartbeat:type_name -> obmesh.agent.v1.Heartbeat
-	4,  // 3: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
-	8,  // 4: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
-	9,  // 5: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
-	5,  // 6: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
-	3,  // 7: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
-	11, // 8: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
-	7,  // 9: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
-	12, // 10: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
-	0,  // 11: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
-	1,  // 12: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
-	12, // [12:13] is the sub-list for method output_type
-	11, // [11:12] is the sub-list for method input_type
+	3,  // 0: obmesh.agent.v1.AgentMessage.hello:type_name -> obmesh.agent.v1.Hello
+	11, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
+	7,  // 2: obmesh.agent.v1.AgentMessage.heartbeat:type_name -> obmesh.agent.v1.Heartbeat
+	5,  // 3: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
+	9,  // 4: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
+	10, // 5: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
+	6,  // 6: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
+	4,  // 7: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
+	12, // 8: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
+	8,  // 9: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
+	13, // 10: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
+	1,  // 11: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
+	0,  // 12: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
+	2,  // 13: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
+	0,  // 14: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
+	13, // [13:15] is the sub-list for method output_type
+	11, // [11:13] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -1011,12 +1104,12 @@ func file_internal_agentpb_agent_proto_init() {
 	if File_internal_agentpb_agent_proto != nil {
 		return
 	}
-	file_internal_agentpb_agent_proto_msgTypes[0].OneofWrappers = []any{
+	file_internal_agentpb_agent_proto_msgTypes[1].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Result)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 	}
-	file_internal_agentpb_agent_proto_msgTypes[1].OneofWrappers = []any{
+	file_internal_agentpb_agent_proto_msgTypes[2].OneofWrappers = []any{
 		(*CoordinatorMessage_Welcome)(nil),
 		(*CoordinatorMessage_Operation)(nil),
 		(*CoordinatorMessage_Cancel)(nil),
@@ -1028,7 +1121,7 @@ func file_internal_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_agentpb_agent_proto_rawDesc), len(file_internal_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	AgentLink_Connect_FullMethodName = "/obmesh.agent.v1.AgentLink/Connect"
+	AgentLink_Console_FullMethodName = "/obmesh.agent.v1.AgentLink/Console"
 )
 
 // AgentLinkClient is the client API for AgentLink service.
@@ -33,6 +34,11 @@ type AgentLinkClient interface {
 	// Connect is the agent's control stream: Hello first, then results and
 	// heartbeats; the coordinator answers Welcome, then operations.
 	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AgentMessage, CoordinatorMessage], error)
+	// Console carries one console session. The agent opens it after it
+	// opened the console for a "console_open" operation; its first frame names
+	// that operation. The coordinator pulls output (read) and may send input;
+	// the agent answers each read with data, or with eof and an error.
+	Console(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConsoleFrame, ConsoleFrame], error)
 }
 
 type agentLinkClient struct {
@@ -56,6 +62,19 @@ func (c *agentLinkClient) Connect(ctx context.Context, opts ...grpc.CallOption) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentLink_ConnectClient = grpc.BidiStreamingClient[AgentMessage, CoordinatorMessage]
 
+func (c *agentLinkClient) Console(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConsoleFrame, ConsoleFrame], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AgentLink_ServiceDesc.Streams[1], AgentLink_Console_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ConsoleFrame, ConsoleFrame]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentLink_ConsoleClient = grpc.BidiStreamingClient[ConsoleFrame, ConsoleFrame]
+
 // AgentLinkServer is the server API for AgentLink service.
 // All implementations must embed UnimplementedAgentLinkServer
 // for forward compatibility.
@@ -63,6 +82,11 @@ type AgentLinkServer interface {
 	// Connect is the agent's control stream: Hello first, then results and
 	// heartbeats; the coordinator answers Welcome, then operations.
 	Connect(grpc.BidiStreamingServer[AgentMessage, CoordinatorMessage]) error
+	// Console carries one console session. The agent opens it after it
+	// opened the console for a "console_open" operation; its first frame names
+	// that operation. The coordinator pulls output (read) and may send input;
+	// the agent answers each read with data, or with eof and an error.
+	Console(grpc.BidiStreamingServer[ConsoleFrame, ConsoleFrame]) error
 	mustEmbedUnimplementedAgentLinkServer()
 }
 
@@ -75,6 +99,9 @@ type UnimplementedAgentLinkServer struct{}
 
 func (UnimplementedAgentLinkServer) Connect(grpc.BidiStreamingServer[AgentMessage, CoordinatorMessage]) error {
 	return status.Error(codes.Unimplemented, "method Connect not implemented")
+}
+func (UnimplementedAgentLinkServer) Console(grpc.BidiStreamingServer[ConsoleFrame, ConsoleFrame]) error {
+	return status.Error(codes.Unimplemented, "method Console not implemented")
 }
 func (UnimplementedAgentLinkServer) mustEmbedUnimplementedAgentLinkServer() {}
 func (UnimplementedAgentLinkServer) testEmbeddedByValue()                   {}
@@ -104,6 +131,13 @@ func _AgentLink_Connect_Handler(srv interface{}, stream grpc.ServerStream) error
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentLink_ConnectServer = grpc.BidiStreamingServer[AgentMessage, CoordinatorMessage]
 
+func _AgentLink_Console_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AgentLinkServer).Console(&grpc.GenericServerStream[ConsoleFrame, ConsoleFrame]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentLink_ConsoleServer = grpc.BidiStreamingServer[ConsoleFrame, ConsoleFrame]
+
 // AgentLink_ServiceDesc is the grpc.ServiceDesc for AgentLink service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -115,6 +149,12 @@ var AgentLink_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Connect",
 			Handler:       _AgentLink_Connect_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Console",
+			Handler:       _AgentLink_Console_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

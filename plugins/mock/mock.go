@@ -184,15 +184,27 @@ func (b *bmc) OpenConsole(context.Context) (io.ReadWriteCloser, error) {
 	if old != nil {
 		old.Close()
 	}
+	b.n.mu.Lock()
+	c.next()
+	b.n.mu.Unlock()
 	return c, nil
 }
 
-// console generates lines lazily: a line is produced only when the reader
-// asks for more, as obmd's unbuffered pipe did.
+// console reproduces obmd's mock: a writer that generates a line (and counts
+// it) and then blocks until a reader takes it. So there is always exactly one
+// generated line waiting; closing the console loses it, and the next viewer
+// starts two past the last line the previous one received.
 type console struct {
 	n       *node
-	pending []byte // the rest of the line being delivered
+	pending []byte // the generated line (or its unread rest); guarded by n.mu
 	closed  bool   // guarded by n.mu
+}
+
+// next generates the next line. Callers hold n.mu.
+func (c *console) next() {
+	c.pending = strconv.AppendUint(c.pending[:0], c.n.counter, 10)
+	c.pending = append(c.pending, '\n')
+	c.n.counter++
 }
 
 func (c *console) Read(p []byte) (int, error) {
@@ -201,21 +213,18 @@ func (c *console) Read(p []byte) (int, error) {
 	if c.closed {
 		return 0, io.EOF
 	}
-	if len(c.pending) == 0 {
-		c.pending = strconv.AppendUint(nil, c.n.counter, 10)
-		c.pending = append(c.pending, '\n')
-		c.n.counter++
-	}
 	k := copy(p, c.pending)
 	c.pending = c.pending[k:]
+	if len(c.pending) == 0 {
+		c.next()
+	}
 	return k, nil
 }
 
 // Write discards input: obmd's mock console is read-only.
 func (c *console) Write(p []byte) (int, error) { return len(p), nil }
 
-// Close ends the viewer. The line that would have been written next is lost
-// and still counted, reproducing obmd's "next stream starts at k+2".
+// Close ends the viewer; the waiting line is lost (it was counted).
 func (c *console) Close() error {
 	c.n.mu.Lock()
 	defer c.n.mu.Unlock()
@@ -223,9 +232,6 @@ func (c *console) Close() error {
 		return nil
 	}
 	c.closed = true
-	if len(c.pending) == 0 {
-		c.n.counter++
-	}
 	c.pending = nil
 	if c.n.console == c {
 		c.n.console = nil

@@ -131,3 +131,27 @@ type oneByte struct {
 }
 
 func (o oneByte) Read(p []byte) (int, error) { return o.r.Read(p[:1]) }
+
+// The counter arithmetic holds through a real plugin process too: output is
+// pulled, so nothing is generated that no viewer asked for.
+func TestMock_ConsoleCounterThroughPlugin(t *testing.T) {
+	p, err := sdk.Start(sdktest.SelfCommand(), sdk.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill()
+	ctx := context.Background()
+	b, err := p.Driver.Open(ctx, sdk.Node{Name: "n", Key: "n@1", Options: map[string]string{"NumWrites": "7"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round, first := 0, uint64(7); round < 3; round++ {
+		c, err := b.(sdk.ConsoleOpener).OpenConsole(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := readLines(t, bufio.NewReader(c), first, 50)
+		c.Close()
+		first = last + 2
+	}
+}

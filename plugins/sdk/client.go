@@ -131,13 +131,14 @@ func (b *RemoteBMC) Identity(ctx context.Context) (Identity, error) {
 	return Identity{Vendor: r.Vendor, Model: r.Model, Firmware: r.Firmware, Extra: r.Extra}, nil
 }
 
-// OpenConsole opens the console stream. The stream lives until Close or
-// until ctx ends.
+// OpenConsole opens the console in the plugin and waits (bounded by ctx)
+// until the plugin reports it open. The console outlives ctx: it lives until
+// Close.
 func (b *RemoteBMC) OpenConsole(ctx context.Context) (io.ReadWriteCloser, error) {
 	if !b.caps[CapConsole] {
 		return nil, ErrUnsupported
 	}
-	sctx, cancel := context.WithCancel(ctx)
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stream, err := b.c.Console(sctx)
 	if err != nil {
 		cancel()
@@ -146,6 +147,22 @@ func (b *RemoteBMC) OpenConsole(ctx context.Context) (io.ReadWriteCloser, error)
 	if err := stream.Send(&driverpb.ConsoleInput{Session: b.session}); err != nil {
 		cancel()
 		return nil, fromStatus(ctx, err)
+	}
+	ack := make(chan error, 1)
+	go func() {
+		_, err := stream.Recv()
+		ack <- err
+	}()
+	select {
+	case err := <-ack:
+		if err != nil {
+			cancel()
+			return nil, fromStatus(ctx, err)
+		}
+	case <-ctx.Done():
+		cancel()
+		<-ack // Recv returns once the stream is canceled
+		return nil, Errorf(ClassTimeout, "opening the console: %v", ctx.Err())
 	}
 	return &remoteConsole{ctx: sctx, stream: stream, cancel: cancel}, nil
 }
@@ -160,10 +177,20 @@ type remoteConsole struct {
 	wmu     sync.Mutex
 }
 
+// Read pulls one chunk of output from the plugin when none is buffered.
 func (c *remoteConsole) Read(p []byte) (int, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	for len(c.pending) == 0 {
+		c.wmu.Lock()
+		err := c.stream.Send(&driverpb.ConsoleInput{Read: true})
+		c.wmu.Unlock()
+		if err != nil {
+			if c.ctx.Err() != nil {
+				return 0, io.EOF
+			}
+			return 0, c.recvErr()
+		}
 		out, err := c.stream.Recv()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
@@ -179,6 +206,16 @@ func (c *remoteConsole) Read(p []byte) (int, error) {
 	n := copy(p, c.pending)
 	c.pending = c.pending[n:]
 	return n, nil
+}
+
+// recvErr returns the stream's terminal error: Send failures are reported
+// by Recv.
+func (c *remoteConsole) recvErr() error {
+	_, err := c.stream.Recv()
+	if err == nil || errors.Is(err, io.EOF) || c.ctx.Err() != nil {
+		return io.EOF
+	}
+	return fromStatus(c.ctx, err)
 }
 
 func (c *remoteConsole) Write(p []byte) (int, error) {

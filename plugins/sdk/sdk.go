@@ -184,9 +184,11 @@ type BootDeviceSetter interface {
 	SetBootDevice(ctx context.Context, d BootDevice, o BootOptions) error
 }
 
-// ConsoleOpener opens the serial console. At most one console per BMC is
-// open at a time: opening a new one may end the previous one. Reads return
-// console output; writes are typed into the console; Close ends the console
+// ConsoleOpener opens the serial console. ctx bounds the opening only: the
+// console lives until Close. At most one console per BMC is open at a time:
+// opening a new one may end the previous one. Reads return console output
+// (a Read may block while the console is quiet, and must return once Close
+// is called); writes are typed into the console; Close ends the console
 // session cleanly and is idempotent.
 type ConsoleOpener interface {
 	OpenConsole(ctx context.Context) (io.ReadWriteCloser, error)

@@ -200,30 +200,56 @@ func (s *server) Console(stream driverpb.Driver_ConsoleServer) error {
 		return toStatus(err)
 	}
 	defer con.Close()
-	if len(first.Data) > 0 {
-		if _, err := con.Write(first.Data); err != nil {
-			return toStatus(err)
-		}
+	// An empty first output tells the host the console is open.
+	if err := stream.Send(&driverpb.ConsoleOutput{}); err != nil {
+		return err
 	}
 	// Closing the console unblocks a Read when the host goes away.
 	stop := context.AfterFunc(ctx, func() { con.Close() })
 	defer stop()
-	// Input pump: the host's writes go to the console. It exits when Recv
-	// fails, which happens at the latest when this handler returns and the
-	// stream is torn down.
+
+	// The receive pump types input into the console and queues read
+	// requests. It ends when the host closes its side (then it closes the
+	// console, ending a blocked Read) or when the stream is torn down after
+	// this handler returns, which gRPC guarantees unblocks Recv.
+	wantRead := make(chan struct{}, 16)
+	recvDone := make(chan struct{})
+	handle := func(in *driverpb.ConsoleInput) bool {
+		if len(in.Data) > 0 {
+			if _, err := con.Write(in.Data); err != nil {
+				return false
+			}
+		}
+		if in.Read {
+			select {
+			case wantRead <- struct{}{}:
+			default: // a host may not pull faster than it reads
+			}
+		}
+		return true
+	}
+	if !handle(first) {
+		return toStatus(Errorf(ClassProtocol, "console write failed"))
+	}
 	go func() {
+		defer close(recvDone)
+		defer con.Close()
 		for {
 			in, err := stream.Recv()
-			if err != nil {
-				return
-			}
-			if _, err := con.Write(in.Data); err != nil {
+			if err != nil || !handle(in) {
 				return
 			}
 		}
 	}()
 	buf := make([]byte, 4096)
 	for {
+		select {
+		case <-recvDone:
+			return nil
+		case <-ctx.Done():
+			return nil
+		case <-wantRead:
+		}
 		n, err := con.Read(buf)
 		if n > 0 {
 			if serr := stream.Send(&driverpb.ConsoleOutput{Data: append([]byte(nil), buf[:n]...)}); serr != nil {
@@ -234,7 +260,19 @@ func (s *server) Console(stream driverpb.Driver_ConsoleServer) error {
 			if errors.Is(err, io.EOF) || ctx.Err() != nil {
 				return nil
 			}
+			select {
+			case <-recvDone: // closed by the host: a normal end
+				return nil
+			default:
+			}
 			return toStatus(err)
+		}
+		if n == 0 {
+			// Nothing read and no error: answer the pull anyway so the host
+			// is not left waiting.
+			if serr := stream.Send(&driverpb.ConsoleOutput{}); serr != nil {
+				return serr
+			}
 		}
 	}
 }

@@ -634,8 +634,11 @@ func (x *IdentityResponse) GetExtra() map[string]string {
 type ConsoleInput struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// session is set on the first message only.
-	Session       string `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Session string `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// data is typed into the console.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// read asks for the next chunk of output.
+	Read          bool `protobuf:"varint,3,opt,name=read,proto3" json:"read,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -682,6 +685,13 @@ func (x *ConsoleInput) GetData() []byte {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *ConsoleInput) GetRead() bool {
+	if x != nil {
+		return x.Read
+	}
+	return false
 }
 
 type ConsoleOutput struct {
@@ -1161,10 +1171,11 @@ const file_plugins_sdk_internal_driverpb_driver_proto_rawDesc = "" +
 	"\n" +
 	"ExtraEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"<\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
 	"\fConsoleInput\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"#\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
+	"\x04read\x18\x03 \x01(\bR\x04read\"#\n" +
 	"\rConsoleOutput\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"\xba\x01\n" +
 	"\x19EventCapabilitiesResponse\x12\x1f\n" +

@@ -63,8 +63,10 @@ type DriverClient interface {
 	// Identity reports the BMC's identity (vendor, model, firmware).
 	Identity(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*IdentityResponse, error)
 	// Console streams the serial console. The first ConsoleInput names the
-	// session; later ones carry bytes typed by the user. The stream ends when
-	// either side closes it.
+	// session. Output is pulled: the plugin reads the console once for each
+	// ConsoleInput with read set and answers with one ConsoleOutput, so nothing
+	// is read from a BMC that no viewer asked for. Input bytes are typed into
+	// the console. The stream ends when either side closes it.
 	Console(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConsoleInput, ConsoleOutput], error)
 	// EventCapabilities describes the BMC's event service.
 	EventCapabilities(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*EventCapabilitiesResponse, error)
@@ -254,8 +256,10 @@ type DriverServer interface {
 	// Identity reports the BMC's identity (vendor, model, firmware).
 	Identity(context.Context, *SessionRequest) (*IdentityResponse, error)
 	// Console streams the serial console. The first ConsoleInput names the
-	// session; later ones carry bytes typed by the user. The stream ends when
-	// either side closes it.
+	// session. Output is pulled: the plugin reads the console once for each
+	// ConsoleInput with read set and answers with one ConsoleOutput, so nothing
+	// is read from a BMC that no viewer asked for. Input bytes are typed into
+	// the console. The stream ends when either side closes it.
 	Console(grpc.BidiStreamingServer[ConsoleInput, ConsoleOutput]) error
 	// EventCapabilities describes the BMC's event service.
 	EventCapabilities(context.Context, *SessionRequest) (*EventCapabilitiesResponse, error)
