@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/obmesh/obmesh/hilproxy"
 	"github.com/obmesh/obmesh/internal/config"
 )
 
@@ -22,6 +23,7 @@ type Config struct {
 	LogLevel    string `toml:"log_level"`
 
 	HTTP       HTTPConfig       `toml:"http"`
+	OBMD       OBMDConfig       `toml:"obmd"`
 	Raft       RaftConfig       `toml:"raft"`
 	AgentLink  AgentLinkConfig  `toml:"agent_link"`
 	Operations OperationsConfig `toml:"operations"`
@@ -36,6 +38,15 @@ type HTTPConfig struct {
 	// TLSCert and TLSKey serve HTTPS when both are set.
 	TLSCert string `toml:"tls_cert"`
 	TLSKey  string `toml:"tls_key"`
+}
+
+// OBMDConfig configures the obmd-compatible API (/node/...) that HIL uses.
+// It is served on the API listener when an admin token is set.
+type OBMDConfig struct {
+	// AdminToken (32 hex digits) or AdminTokenFile authenticates obmd's
+	// admin routes (HTTP Basic admin:<token>).
+	AdminToken     string `toml:"admin_token"`
+	AdminTokenFile string `toml:"admin_token_file"`
 }
 
 // RaftConfig configures the Raft member.
@@ -113,10 +124,39 @@ func (c *Config) Validate() error {
 	if c.HTTP.AdminToken != "" && len(c.HTTP.AdminToken) < 16 {
 		errs = append(errs, errors.New("http.admin_token must be at least 16 characters"))
 	}
+	if c.OBMD.AdminToken != "" && c.OBMD.AdminTokenFile != "" {
+		errs = append(errs, errors.New("set obmd.admin_token or obmd.admin_token_file, not both"))
+	}
+	if c.OBMD.AdminToken != "" {
+		if _, err := hilproxy.ParseToken(c.OBMD.AdminToken); err != nil {
+			errs = append(errs, errors.New("obmd.admin_token must be 32 hex digits (obmesh keyring has none; make one with: obmd -gen-token)"))
+		}
+	}
 	if c.AgentLink.Heartbeat.D() <= 0 || c.Operations.DefaultTimeout.D() <= 0 {
 		errs = append(errs, errors.New("agent_link.heartbeat and operations.default_timeout must be positive"))
 	}
 	return errors.Join(errs...)
+}
+
+// obmdToken returns the obmd admin token; ok is false when the obmd API is
+// not configured.
+func (c *Config) obmdToken() (t hilproxy.Token, ok bool, err error) {
+	s := c.OBMD.AdminToken
+	if c.OBMD.AdminTokenFile != "" {
+		b, err := os.ReadFile(c.OBMD.AdminTokenFile)
+		if err != nil {
+			return t, false, fmt.Errorf("obmd admin token: %w", err)
+		}
+		s = strings.TrimSpace(string(b))
+	}
+	if s == "" {
+		return t, false, nil
+	}
+	t, err = hilproxy.ParseToken(s)
+	if err != nil {
+		return t, false, fmt.Errorf("obmd admin token must be 32 hex digits")
+	}
+	return t, true, nil
 }
 
 // adminToken returns the configured admin token, reading the file if set.

@@ -22,6 +22,7 @@ import (
 	"github.com/obmesh/obmesh/coordinator/ops"
 	"github.com/obmesh/obmesh/coordinator/seal"
 	"github.com/obmesh/obmesh/coordinator/store"
+	"github.com/obmesh/obmesh/hilproxy"
 	"github.com/obmesh/obmesh/internal/agentpb"
 	"github.com/obmesh/obmesh/internal/tlsutil"
 )
@@ -68,6 +69,10 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	obmdToken, obmdOn, err := s.cfg.obmdToken()
+	if err != nil {
+		return err
+	}
 	keys, err := seal.Load(s.cfg.KeyringFile)
 	if err != nil {
 		return err
@@ -104,10 +109,17 @@ func (s *Server) Run(ctx context.Context) (err error) {
 
 	svc := agentsvc.New(agentsvc.Config{ID: s.cfg.Name, Heartbeat: s.cfg.AgentLink.Heartbeat.D(), AgentWait: s.cfg.AgentLink.AgentWait.D()}, st, s.logger)
 	runner := ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D()}, st.State(), keys, svc, st, s.logger)
-	api := apiserver.New(apiserver.Config{AdminToken: token, Version: Version, DefaultSite: s.cfg.Operations.DefaultSite}, st, runner, svc, keys, s.logger)
+	registry := ops.NewRegistry(st, keys, s.cfg.Operations.DefaultSite)
+	api := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, s.logger)
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", api)
+	if obmdOn {
+		hil := hilproxy.NewHandler(&hilBackend{store: st, nodes: registry, runner: runner},
+			hilproxy.Options{AdminToken: obmdToken, Logger: s.logger})
+		mux.Handle("/node/", hil)
+		mux.Handle("/node", http.NotFoundHandler()) // obmd had no redirect here
+	}
 	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn)}
 	grpcSrv := grpc.NewServer(

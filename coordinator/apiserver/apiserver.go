@@ -19,7 +19,6 @@ import (
 	"github.com/obmesh/obmesh/coordinator/agentsvc"
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/ops"
-	"github.com/obmesh/obmesh/coordinator/seal"
 	"github.com/obmesh/obmesh/coordinator/state"
 	"github.com/obmesh/obmesh/coordinator/store"
 )
@@ -27,16 +26,8 @@ import (
 // MaxBodyBytes is the largest request body accepted.
 const MaxBodyBytes = 64 << 10
 
-// Limits on node fields.
-const (
-	maxAddress   = 2048
-	maxUsername  = 256
-	maxPassword  = 1024
-	maxOptions   = 64
-	maxOptionKey = 64
-	maxOptionVal = 16 << 10
-	maxTimeout   = 5 * time.Minute
-)
+// maxTimeout bounds ?timeout=.
+const maxTimeout = 5 * time.Minute
 
 // Store is what the server needs from the replicated store.
 type Store interface {
@@ -65,8 +56,6 @@ type Config struct {
 	// AdminToken authenticates requests ("Authorization: Bearer <token>").
 	AdminToken string
 	Version    string
-	// DefaultSite is used when a node names none.
-	DefaultSite string
 }
 
 // Server is the /v1 handler.
@@ -76,17 +65,14 @@ type Server struct {
 	store     Store
 	ops       Operator
 	agents    Agents
-	keys      *seal.Keyring
+	nodes     *ops.Registry
 	logger    *slog.Logger
 	mux       *http.ServeMux
 }
 
 // New returns the API handler.
-func New(cfg Config, st Store, op Operator, agents Agents, keys *seal.Keyring, logger *slog.Logger) *Server {
-	if cfg.DefaultSite == "" {
-		cfg.DefaultSite = "default"
-	}
-	s := &Server{cfg: cfg, tokenHash: sha256.Sum256([]byte(cfg.AdminToken)), store: st, ops: op, agents: agents, keys: keys,
+func New(cfg Config, st Store, op Operator, agents Agents, nodes *ops.Registry, logger *slog.Logger) *Server {
+	s := &Server{cfg: cfg, tokenHash: sha256.Sum256([]byte(cfg.AdminToken)), store: st, ops: op, agents: agents, nodes: nodes,
 		logger: logger.With("component", "api"), mux: http.NewServeMux()}
 	s.handle("POST /v1/nodes", s.registerNode)
 	s.handle("GET /v1/nodes", s.listNodes)
@@ -281,56 +267,16 @@ func toAPINode(n state.Node) api.Node {
 		Key: n.Key(), CreatedAt: time.Unix(0, n.CreatedUnixNano).UTC()}
 }
 
-func validateSpec(s *api.NodeSpec) error {
-	if !state.ValidNodeName(s.Name) {
-		return badRequest("node name %q is invalid: use 1-128 printable characters, no '/'", s.Name)
-	}
-	if !state.ValidName(s.Driver) {
-		return badRequest("driver %q is invalid: name a driver such as ipmi, redfish or mock", s.Driver)
-	}
-	if !state.ValidName(s.Site) {
-		return badRequest("site %q is invalid: use 1-128 characters from A-Z a-z 0-9 . _ : -", s.Site)
-	}
-	if len(s.Address) > maxAddress || len(s.Username) > maxUsername {
-		return badRequest("address or username too long")
-	}
-	if len(s.Password) > maxPassword {
-		return badRequest("password longer than %d bytes", maxPassword)
-	}
-	if strings.ContainsAny(s.Address+s.Username, "\x00\r\n") {
-		return badRequest("address and username must not contain control characters")
-	}
-	if len(s.Options) > maxOptions {
-		return badRequest("more than %d options", maxOptions)
-	}
-	for k, v := range s.Options {
-		if k == "" || len(k) > maxOptionKey || len(v) > maxOptionVal || strings.ContainsAny(k, " \x00\r\n=") {
-			return badRequest("option %q is invalid (keys: 1-%d characters without spaces or '='; values up to %d bytes)", k, maxOptionKey, maxOptionVal)
-		}
-	}
-	return nil
-}
-
 func (s *Server) registerNode(w http.ResponseWriter, r *http.Request) error {
 	var spec api.NodeSpec
 	if err := decode(w, r, &spec); err != nil {
 		return err
 	}
-	if spec.Site == "" {
-		spec.Site = s.cfg.DefaultSite
-	}
-	if err := validateSpec(&spec); err != nil {
-		return err
-	}
-	n := state.Node{Name: spec.Name, Driver: spec.Driver, Site: spec.Site, Address: spec.Address, Username: spec.Username, Options: spec.Options}
-	if spec.Password != "" {
-		n.Credential = s.keys.Seal([]byte(spec.Password), spec.Name)
-	}
-	res, err := s.store.Apply(r.Context(), state.RegisterNode{Node: n, StampUnixNano: time.Now().UnixNano()})
+	n, err := s.nodes.Register(r.Context(), spec)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, toAPINode(*res.Node))
+	writeJSON(w, http.StatusCreated, toAPINode(n))
 	return nil
 }
 
@@ -359,7 +305,7 @@ func (s *Server) showNode(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteNode(w http.ResponseWriter, r *http.Request) error {
-	if _, err := s.store.Apply(r.Context(), state.DeleteNode{Name: r.PathValue("name")}); err != nil {
+	if err := s.nodes.Delete(r.Context(), r.PathValue("name")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -14,6 +14,7 @@ import (
 	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/seal"
+	"github.com/obmesh/obmesh/hilproxy"
 	"github.com/obmesh/obmesh/internal/cli"
 	"github.com/obmesh/obmesh/internal/config"
 	"github.com/obmesh/obmesh/internal/tlsutil"
@@ -55,7 +56,14 @@ func DevSetup(dir, httpAddr string) (coordinator.Config, agent.Config, error) {
 			return coordinator.Config{}, agent.Config{}, err
 		}
 	}
+	obmdTokenFile := filepath.Join(dir, "obmd-admin-token")
+	if _, err := os.Stat(obmdTokenFile); errors.Is(err, os.ErrNotExist) {
+		if err := os.WriteFile(obmdTokenFile, []byte(hilproxy.NewToken().String()+"\n"), 0o600); err != nil {
+			return coordinator.Config{}, agent.Config{}, err
+		}
+	}
 	cc := coordinator.DefaultConfig()
+	cc.OBMD.AdminTokenFile = obmdTokenFile
 	cc.Name = "dev"
 	cc.DataDir = filepath.Join(dir, "coordinator")
 	cc.KeyringFile = keyring
@@ -153,7 +161,12 @@ func runDev(ctx context.Context, env cli.Env, args []string) int {
 		cancel()
 		return fail(env, "dev", err)
 	}
-	printBanner(env, addr, token, dir, *dataDir == "")
+	obmdToken, err := os.ReadFile(cc.OBMD.AdminTokenFile)
+	if err != nil {
+		cancel()
+		return fail(env, "dev", err)
+	}
+	printBanner(env, addr, token, strings.TrimSpace(string(obmdToken)), dir, *dataDir == "")
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -202,7 +215,7 @@ func devPopulate(ctx context.Context, addr, token string) error {
 	return nil
 }
 
-func printBanner(env cli.Env, addr, token, dir string, temp bool) {
+func printBanner(env cli.Env, addr, token, obmdToken, dir string, temp bool) {
 	self := "obmesh"
 	if exe, err := os.Executable(); err == nil {
 		if wd, err := os.Getwd(); err == nil {
@@ -221,6 +234,7 @@ func printBanner(env cli.Env, addr, token, dir string, temp bool) {
   Admin token:  %s
   Data dir:     %s (%s)
   Nodes:        mock-1, mock-2, mock-3 (mock driver)
+  obmd API:     %s/node/<name> for HIL, admin token %s
 
 In another shell:
 
@@ -234,5 +248,5 @@ Then try:
   %s power cycle mock-1
 
 Press Ctrl-C to stop.
-`, addr, token, dir, kept, addr, token, self, self, self)
+`, addr, token, dir, kept, addr, obmdToken, addr, token, self, self, self)
 }
