@@ -114,13 +114,19 @@ func (s *Server) Run(ctx context.Context) (err error) {
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", api)
+	var root http.Handler = mux
 	if obmdOn {
 		hil := hilproxy.NewHandler(&hilBackend{store: st, nodes: registry, runner: runner},
 			hilproxy.Options{AdminToken: obmdToken, Logger: s.logger})
-		mux.Handle("/node/", hil)
-		mux.Handle("/node", http.NotFoundHandler()) // obmd had no redirect here
+		root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if hilproxy.Owns(r) {
+				hil.ServeHTTP(w, r)
+				return
+			}
+			mux.ServeHTTP(w, r)
+		})
 	}
-	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+	httpSrv := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn)}
 	grpcSrv := grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(linkTLS)),

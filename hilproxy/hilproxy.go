@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"path"
 	"strings"
 	"sync"
 
@@ -114,6 +115,14 @@ var routes = map[string][]route{
 // ServeHTTP routes obmd's paths. The path is matched decoded, one segment
 // for the node id; an encoded slash makes two segments (404).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// A non-canonical path is redirected (301) to its cleaned form, with
+	// the query, as obmd's router did.
+	if clean := cleanPath(r.URL.Path); clean != r.URL.Path {
+		u := *r.URL
+		u.Path, u.RawPath = clean, ""
+		http.Redirect(w, r, u.RequestURI(), http.StatusMovedPermanently)
+		return
+	}
 	rest, ok := strings.CutPrefix(r.URL.Path, "/node/")
 	if !ok || strings.Contains(strings.ToLower(r.URL.RawPath), "%2f") {
 		http.NotFound(w, r)
@@ -141,6 +150,30 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.WriteHeader(http.StatusMethodNotAllowed)
+}
+
+// cleanPath is path.Clean keeping a trailing slash.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		np += "/"
+	}
+	return np
+}
+
+// Owns reports whether the handler serves the request's path: /node and
+// below, before or after cleaning. A server mounts the handler with it
+// instead of an http.ServeMux pattern, whose own path cleaning answers 307
+// where obmd answered 301.
+func Owns(r *http.Request) bool {
+	p := cleanPath(r.URL.Path)
+	return p == "/node" || strings.HasPrefix(p, "/node/")
 }
 
 func (h *Handler) adminOK(r *http.Request) bool {

@@ -4,16 +4,10 @@ import (
 	"context"
 	"os/exec"
 	"slices"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/obmesh/obmesh/agent"
-	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/coordinator/api"
-	"github.com/obmesh/obmesh/internal/daemon"
-	"github.com/obmesh/obmesh/internal/logging"
 	"github.com/obmesh/obmesh/plugins/mock"
 	"github.com/obmesh/obmesh/plugins/sdk"
 )
@@ -50,38 +44,9 @@ func measure(b *testing.B, fn func() error) {
 // in-process.
 func BenchmarkPowerStatus(b *testing.B) {
 	b.Run("whole-path", func(b *testing.B) {
-		dir := b.TempDir()
-		cc, ac, err := daemon.DevSetup(dir, FreePort(b))
-		if err != nil {
-			b.Fatal(err)
-		}
-		cc.LogLevel = "error"
-		log := logging.Discard()
-		coord, err := coordinator.New(cc, log)
-		if err != nil {
-			b.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		defer func() { cancel(); wg.Wait() }()
-		wg.Go(func() { coord.Run(ctx) })
-		<-coord.Ready()
-		if err := coord.Store().WaitForLeader(ctx); err != nil {
-			b.Fatal(err)
-		}
-		ac.Coordinators = []string{coord.LinkAddr()}
-		ac.PluginCommand = func(name string) *exec.Cmd { return exec.Command(bin, "plugin", name) }
-		ag, err := agent.New(ac, log)
-		if err != nil {
-			b.Fatal(err)
-		}
-		wg.Go(func() { ag.Run(ctx) })
-		token := readToken(b, cc.HTTP.AdminTokenFile)
-		c := api.NewClient(coord.HTTPAddr(), token, nil)
-		WaitFor(b, 30*time.Second, "agent", func() bool {
-			as, err := c.Agents(ctx)
-			return err == nil && len(as) == 1 && as[0].Health == "healthy"
-		})
+		p := StartInProc(b, bin, "")
+		c := p.Client()
+		ctx := context.Background()
 		if _, err := c.RegisterNode(ctx, api.NodeSpec{Name: "m1", Driver: "mock", Password: "pw"}); err != nil {
 			b.Fatal(err)
 		}
@@ -110,11 +75,3 @@ func BenchmarkPowerStatus(b *testing.B) {
 	})
 }
 
-func readToken(t testing.TB, path string) string {
-	t.Helper()
-	b, err := readFileString(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.TrimSpace(b)
-}
