@@ -74,8 +74,8 @@ type Service struct {
 	logger *slog.Logger
 
 	mu       sync.Mutex
-	conns    map[string]*conn // by agent id
-	changed  chan struct{}    // closed and replaced when conns change
+	conns    map[string]*conn               // by agent id
+	changed  chan struct{}                  // closed and replaced when conns change
 	consoles map[string]chan *ConsoleStream // console opens waiting for their stream, by op id
 }
 

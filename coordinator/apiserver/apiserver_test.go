@@ -223,7 +223,9 @@ func TestAPI_OperationErrors(t *testing.T) {
 		})
 	}
 	// A receipt of an unknown outcome can be looked up.
-	f.reply = func(*agentpb.Operation) (agentsvc.Result, error) { return agentsvc.Result{Sent: true}, agentsvc.ErrOutcomeUnknown }
+	f.reply = func(*agentpb.Operation) (agentsvc.Result, error) {
+		return agentsvc.Result{Sent: true}, agentsvc.ErrOutcomeUnknown
+	}
 	_, eb, _ := f.do(t, "POST", "/v1/nodes/n1/power", `{"action":"off"}`, token)
 	status, _, raw := f.do(t, "GET", "/v1/operations/"+eb.Receipt.ID, "", token)
 	if status != 200 || !strings.Contains(raw, `"outcome": "unknown"`) {

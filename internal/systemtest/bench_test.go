@@ -74,4 +74,3 @@ func BenchmarkPowerStatus(b *testing.B) {
 		measure(b, func() error { _, err := g.PowerState(context.Background()); return err })
 	})
 }
-
