@@ -12,8 +12,8 @@ BENCHTIME ?= 2s
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-build: ## build bin/obmesh
-	$(GO) build -o $(BIN)/obmesh ./cmd/obmesh
+build: ## build bin/obmesh and bin/obmd
+	$(GO) build -o $(BIN)/ ./cmd/...
 
 run: build ## start obmesh dev: a coordinator, an agent and simulated nodes
 	./$(BIN)/obmesh dev

@@ -110,7 +110,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		if welcomed {
 			backoff = a.cfg.Link.BackoffMin.D()
 		}
-		a.logger.Warn("coordinator link down; reconnecting", "coordinator", addr, "err", err, "backoff", backoff)
+		if errors.Is(err, errRedirect) {
+			a.logger.Info("coordinator is not the leader; trying again", "coordinator", addr, "backoff", backoff)
+		} else {
+			a.logger.Warn("coordinator link down; reconnecting", "coordinator", addr, "err", err, "backoff", backoff)
+		}
 		// Full jitter keeps a fleet of agents from reconnecting in step.
 		wait := backoff/2 + rand.N(backoff/2+1)
 		select {

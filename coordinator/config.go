@@ -38,6 +38,10 @@ type HTTPConfig struct {
 	// TLSCert and TLSKey serve HTTPS when both are set.
 	TLSCert string `toml:"tls_cert"`
 	TLSKey  string `toml:"tls_key"`
+	// Gate, if not nil, holds every request until it is closed (embedding
+	// programs use it to finish setup, such as an import, before the first
+	// request is answered).
+	Gate <-chan struct{} `toml:"-"`
 }
 
 // OBMDConfig configures the obmd-compatible API (/node/...) that HIL uses.

@@ -18,9 +18,11 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/obmesh/obmesh/coordinator/agentsvc"
+	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/apiserver"
 	"github.com/obmesh/obmesh/coordinator/ops"
 	"github.com/obmesh/obmesh/coordinator/seal"
+	"github.com/obmesh/obmesh/coordinator/state"
 	"github.com/obmesh/obmesh/coordinator/store"
 	"github.com/obmesh/obmesh/hilproxy"
 	"github.com/obmesh/obmesh/internal/agentpb"
@@ -40,6 +42,7 @@ type Server struct {
 	httpAddr string
 	linkAddr string
 	store    *store.Store
+	registry *ops.Registry
 }
 
 // New validates cfg and returns a coordinator. It does no I/O.
@@ -110,10 +113,10 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	svc := agentsvc.New(agentsvc.Config{ID: s.cfg.Name, Heartbeat: s.cfg.AgentLink.Heartbeat.D(), AgentWait: s.cfg.AgentLink.AgentWait.D()}, st, s.logger)
 	runner := ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D()}, st.State(), keys, svc, st, s.logger)
 	registry := ops.NewRegistry(st, keys, s.cfg.Operations.DefaultSite)
-	api := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, s.logger)
+	apiHandler := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, s.logger)
 
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", api)
+	mux.Handle("/v1/", apiHandler)
 	var root http.Handler = mux
 	if obmdOn {
 		hil := hilproxy.NewHandler(&hilBackend{store: st, nodes: registry, runner: runner},
@@ -124,6 +127,16 @@ func (s *Server) Run(ctx context.Context) (err error) {
 				return
 			}
 			mux.ServeHTTP(w, r)
+		})
+	}
+	if gate := s.cfg.HTTP.Gate; gate != nil {
+		inner := root
+		root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-gate:
+				inner.ServeHTTP(w, r)
+			case <-r.Context().Done():
+			}
 		})
 	}
 	httpSrv := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
@@ -137,7 +150,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	agentpb.RegisterAgentLinkServer(grpcSrv, svc)
 
 	s.mu.Lock()
-	s.httpAddr, s.linkAddr, s.store = httpLn.Addr().String(), linkLn.Addr().String(), st
+	s.httpAddr, s.linkAddr, s.store, s.registry = httpLn.Addr().String(), linkLn.Addr().String(), st, registry
 	s.mu.Unlock()
 
 	var wg sync.WaitGroup
@@ -198,4 +211,21 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	wg.Wait()
 	s.logger.Info("coordinator stopped")
 	return runErr
+}
+
+// ErrNodeExists is returned by RegisterNode for a name that is taken.
+var ErrNodeExists = state.ErrExists
+
+// RegisterNode registers a node directly (validated and sealed like an API
+// registration). It is for embedding programs such as the obmd drop-in's
+// importer; it is valid after Ready and fails on a follower.
+func (s *Server) RegisterNode(ctx context.Context, spec api.NodeSpec) error {
+	s.mu.Lock()
+	reg := s.registry
+	s.mu.Unlock()
+	if reg == nil {
+		return errors.New("coordinator: not running")
+	}
+	_, err := reg.Register(ctx, spec)
+	return err
 }

@@ -235,8 +235,8 @@ func (s *Store) Apply(ctx context.Context, c state.Command) (state.Result, error
 	if err := ctx.Err(); err != nil {
 		return state.Result{}, err
 	}
-	if s.raft.State() != raft.Leader {
-		return state.Result{}, s.notLeader()
+	if err := s.awaitLeadership(ctx); err != nil {
+		return state.Result{}, err
 	}
 	data, err := state.Encode(c)
 	if err != nil {
@@ -260,11 +260,40 @@ func (s *Store) Apply(ctx context.Context, c state.Command) (state.Result, error
 	return res, res.Err
 }
 
+// awaitLeadership returns nil when this server leads. While an election is
+// running (no leader known) it waits for it to settle, bounded by ctx and
+// the apply timeout, so a write during a failover is delayed rather than
+// refused; when another server leads it returns a *NotLeaderError.
+func (s *Store) awaitLeadership(ctx context.Context) error {
+	if s.raft.State() == raft.Leader {
+		return nil
+	}
+	wait := time.NewTimer(s.cfg.ApplyTimeout)
+	defer wait.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if s.raft.State() == raft.Leader {
+			return nil
+		}
+		if a, _ := s.raft.LeaderWithID(); a != "" {
+			return s.notLeader()
+		}
+		select {
+		case <-ctx.Done():
+			return s.notLeader()
+		case <-wait.C:
+			return s.notLeader()
+		case <-tick.C:
+		}
+	}
+}
+
 // VerifyLeader confirms this server is still the leader with a quorum, so
 // a following read of State is linearizable.
 func (s *Store) VerifyLeader(ctx context.Context) error {
-	if s.raft.State() != raft.Leader {
-		return s.notLeader()
+	if err := s.awaitLeadership(ctx); err != nil {
+		return err
 	}
 	done := make(chan error, 1)
 	f := s.raft.VerifyLeader()

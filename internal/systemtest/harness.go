@@ -26,17 +26,18 @@ import (
 	"github.com/obmesh/obmesh/internal/config"
 )
 
-// Build compiles cmd/obmesh into dir and returns the binary's path.
+// Build compiles cmd/obmesh and cmd/obmd into dir and returns the obmesh
+// binary's path (obmd is beside it). OBMESH_SYSTEMTEST_BIN names a
+// prebuilt obmesh (with obmd beside it) instead.
 func Build(dir string) (string, error) {
 	if p := os.Getenv("OBMESH_SYSTEMTEST_BIN"); p != "" {
 		return p, nil
 	}
-	bin := filepath.Join(dir, "obmesh")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/obmesh/obmesh/cmd/obmesh")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "github.com/obmesh/obmesh/cmd/obmesh", "github.com/obmesh/obmesh/cmd/obmd")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build: %v\n%s", err, out)
 	}
-	return bin, nil
+	return filepath.Join(dir, "obmesh"), nil
 }
 
 // FreePort returns a loopback address with a port that was free a moment
@@ -70,12 +71,16 @@ type Proc struct {
 // Start runs bin with args, logging to dir/name.log.
 func Start(t testing.TB, bin, dir, name string, args ...string) *Proc {
 	t.Helper()
+	return startCmd(t, exec.Command(bin, args...), dir, name)
+}
+
+func startCmd(t testing.TB, cmd *exec.Cmd, dir, name string) *Proc {
+	t.Helper()
 	logPath := filepath.Join(dir, name+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

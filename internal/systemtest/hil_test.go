@@ -22,8 +22,12 @@ type obmdClient struct {
 }
 
 func newOBMD(t *testing.T, p *InProc) *obmdClient {
-	return &obmdClient{t: t, base: "http://" + p.Addr, admin: p.OBMDToken,
-		http: &http.Client{Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+	return &obmdClient{t: t, base: "http://" + p.Addr, admin: p.OBMDToken, http: newOBMDHTTP()}
+}
+
+// newOBMDHTTP is a client that shows redirects instead of following them.
+func newOBMDHTTP() *http.Client {
+	return &http.Client{Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
 type resp struct {
@@ -346,6 +350,7 @@ func streamConsole(t *testing.T, c *obmdClient, node, tok string) (<-chan string
 	}
 	lines := make(chan string)
 	done := make(chan struct{})
+	stop := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer r.Body.Close()
@@ -353,12 +358,12 @@ func streamConsole(t *testing.T, c *obmdClient, node, tok string) (<-chan string
 		for sc.Scan() {
 			select {
 			case lines <- sc.Text():
-			case <-time.After(30 * time.Second):
+			case <-stop:
 				return
 			}
 		}
 	}()
-	t.Cleanup(func() { r.Body.Close(); <-done })
+	t.Cleanup(func() { close(stop); r.Body.Close(); <-done })
 	return lines, done
 }
 

@@ -1,0 +1,97 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/hilproxy"
+	"github.com/obmesh/obmesh/internal/cli"
+	"github.com/obmesh/obmesh/internal/obmddb"
+)
+
+func importCommand() *cli.Command {
+	run := func(ctx context.Context, env cli.Env, args []string) int {
+		fs := flag.NewFlagSet("import obmd", flag.ContinueOnError)
+		fs.SetOutput(env.Stderr)
+		db := fs.String("db", "", "obmd SQLite database file (required)")
+		addr := fs.String("addr", env.Getenv("OBMESH_ADDR"), "coordinator API address (env OBMESH_ADDR)")
+		token := fs.String("token", env.Getenv("OBMESH_TOKEN"), "admin token (env OBMESH_TOKEN)")
+		site := fs.String("site", "", "site for nodes whose obm_info names none (default: the coordinator's default site)")
+		timeout := fs.Duration("timeout", 30*time.Second, "bound on each registration")
+		fs.Usage = func() {
+			fmt.Fprintln(env.Stderr, "Usage: obmesh import obmd -db FILE\n\nRegisters the nodes of an obmd SQLite database in a running cluster. Nodes already registered are skipped, so it can be run again.\n\nFlags:")
+			fs.PrintDefaults()
+		}
+		if _, err := cli.Parse(fs, args); err != nil {
+			return 2
+		}
+		if *db == "" || *addr == "" || *token == "" {
+			fmt.Fprintln(env.Stderr, "obmesh import obmd: -db, and OBMESH_ADDR and OBMESH_TOKEN (or -addr, -token) are required")
+			return 2
+		}
+		rows, err := obmddb.ReadNodes(*db)
+		if err != nil {
+			return fail(env, "import obmd", err)
+		}
+		c := api.NewClient(*addr, *token, nil)
+		imported, skipped, failed := 0, 0, 0
+		fmt.Fprintf(env.Stdout, "%s: %d node(s)\n", *db, len(rows))
+		for i, r := range rows {
+			prefix := fmt.Sprintf("[%d/%d] %s:", i+1, len(rows), r.Label)
+			spec, err := hilproxy.SpecFromOBM(r.Label, []byte(r.OBMInfo))
+			if err != nil {
+				skipped++
+				fmt.Fprintf(env.Stdout, "%s skipped: its obm_info is not valid: %v\n", prefix, err)
+				continue
+			}
+			if spec.Site == "" {
+				spec.Site = *site
+			}
+			rctx, cancel := context.WithTimeout(ctx, *timeout)
+			_, err = c.RegisterNode(rctx, spec)
+			if err == nil {
+				imported++
+				fmt.Fprintf(env.Stdout, "%s imported (driver %s)\n", prefix, spec.Driver)
+				cancel()
+				continue
+			}
+			var ae *api.Error
+			if errors.As(err, &ae) && ae.Code == api.CodeAlreadyExists {
+				skipped++
+				have, gerr := c.Node(rctx, r.Label)
+				switch {
+				case gerr != nil:
+					fmt.Fprintf(env.Stdout, "%s skipped: already registered\n", prefix)
+				case same(have, spec):
+					fmt.Fprintf(env.Stdout, "%s skipped: already registered with the same settings\n", prefix)
+				default:
+					fmt.Fprintf(env.Stdout, "%s skipped: a different node of this name exists (driver %s, address %s); delete it first to import this one\n", prefix, have.Driver, have.Address)
+				}
+				cancel()
+				continue
+			}
+			cancel()
+			failed++
+			fmt.Fprintf(env.Stdout, "%s failed: %v\n", prefix, err)
+		}
+		fmt.Fprintf(env.Stdout, "%d imported, %d skipped, %d failed\n", imported, skipped, failed)
+		if failed > 0 {
+			return 1
+		}
+		return 0
+	}
+	return &cli.Command{Name: "import", Synopsis: "Import nodes from other systems", Subs: []*cli.Command{
+		{Name: "obmd", Synopsis: "Import an obmd SQLite database: obmesh import obmd -db FILE", Run: run},
+	}}
+}
+
+// same compares what an import can compare (the password is sealed).
+func same(n api.Node, s api.NodeSpec) bool {
+	return n.Driver == s.Driver && n.Address == s.Address && n.Username == s.Username &&
+		(s.Site == "" || n.Site == s.Site) && maps.Equal(n.Options, s.Options) && n.HasPassword == (s.Password != "")
+}
