@@ -4,10 +4,12 @@ BIN      := bin
 PROTOC   ?= protoc
 GOBIN    := $(shell $(GO) env GOPATH)/bin
 BENCHTIME ?= 2s
+# Debian's interpreter: it sees python3-pytest and python3-requests.
+PYTHON   ?= /usr/bin/python3
 
 .DEFAULT_GOAL := help
 
-.PHONY: help build run test test-short lint proto bench fuzz clean deps
+.PHONY: help build run test test-short test-hil lint proto bench fuzz clean deps
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -21,8 +23,12 @@ run: build ## start obmesh dev: a coordinator, an agent and simulated nodes
 deps: ## install the Debian packages the tests use (when missing)
 	./scripts/install-deps.sh
 
-test: deps ## run every test under the race detector
+test: deps build ## run every test: Go (under the race detector) and the HIL-client suite
 	GORACE=halt_on_error=1 $(GO) test -race -count=1 -timeout 20m ./...
+	OBMD_BIN=$(CURDIR)/$(BIN)/obmd $(PYTHON) -m pytest -q -p no:cacheprovider tests/hil
+
+test-hil: build ## the HIL-client suite only (Python, Debian's pytest and requests)
+	OBMD_BIN=$(CURDIR)/$(BIN)/obmd $(PYTHON) -m pytest -v -p no:cacheprovider tests/hil
 
 test-short: ## unit tests only (skips multi-process tests)
 	$(GO) test -short -race ./...
