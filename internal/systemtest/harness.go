@@ -244,6 +244,8 @@ func NewCluster(t testing.TB, bin, repoRoot string) *Cluster {
 	cc.HTTP.Listen = c.HTTPAddr
 	cc.HTTP.AdminTokenFile = ""
 	cc.HTTP.AdminToken = c.Token
+	cc.OBMD.AdminTokenFile = ""
+	cc.OBMD.AdminToken = "0123456789abcdef0123456789abcdef"
 	cc.Raft.Listen = FreePort(t)
 	cc.AgentLink.Listen = linkAddr
 	cc.AgentLink.CAFile = filepath.Join(tlsDir, "ca.pem")
