@@ -5,6 +5,8 @@ set -euo pipefail
 
 # package:command-that-proves-it-is-installed
 wanted=(
+  openipmi:ipmi_sim
+  ipmitool:ipmitool
   python3-pytest:/usr/lib/python3/dist-packages/pytest
   python3-requests:/usr/lib/python3/dist-packages/requests
 )

@@ -21,6 +21,7 @@ import (
 	"github.com/obmesh/obmesh/internal/logging"
 	"github.com/obmesh/obmesh/internal/tlsutil"
 	"github.com/obmesh/obmesh/plugins/dummy"
+	"github.com/obmesh/obmesh/plugins/ipmi"
 	"github.com/obmesh/obmesh/plugins/mock"
 	"github.com/obmesh/obmesh/plugins/sdk"
 )
@@ -144,6 +145,8 @@ func Builtin(name string) (sdk.Driver, bool) {
 		return mock.New(), true
 	case "dummy":
 		return dummy.New(), true
+	case "ipmi":
+		return ipmi.New(), true
 	}
 	return nil, false
 }

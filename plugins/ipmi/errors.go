@@ -1,0 +1,70 @@
+package ipmi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/bougou/go-ipmi/pkg/client"
+	"github.com/bougou/go-ipmi/pkg/types"
+
+	"github.com/obmesh/obmesh/plugins/sdk"
+)
+
+// classify turns a go-ipmi error into a classified sdk error. It is the one
+// place that knows go-ipmi's error shapes. what says what was being done.
+func classify(ctx context.Context, what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *sdk.Error
+	if errors.As(err, &se) {
+		return err
+	}
+	msg := err.Error()
+	wrap := func(base *sdk.Error) error {
+		return &sdk.Error{Class: base.Class, Msg: fmt.Sprintf("ipmi: %s: %s", what, msg)}
+	}
+	var re *types.ResponseError
+	switch {
+	case errors.Is(err, client.ErrRAKPAuthentication),
+		strings.Contains(msg, "Unauthorized name"), strings.Contains(msg, "RMCP+ status 0x0d"),
+		strings.Contains(msg, "Invalid integrity check value"), strings.Contains(msg, "RAKP authentication failed"),
+		strings.Contains(msg, "authentication code mismatch"):
+		return wrap(sdk.ErrAuth)
+	case strings.Contains(msg, "Requested maximum privilege level"), strings.Contains(msg, "Unauthorized role"),
+		strings.Contains(msg, "RMCP+ status 0x09"):
+		return wrap(sdk.ErrPrivilege)
+	case errors.As(err, &re):
+		switch re.CompletionCode() {
+		case 0xd4: // insufficient privilege
+			return wrap(sdk.ErrPrivilege)
+		case 0xc0, 0xc3: // node busy, timeout while processing
+			return wrap(sdk.ErrBusy)
+		case 0xc1, 0xc2, 0xcc, 0xd5, 0xd6: // invalid command, command not supported in present state or configuration
+			return wrap(sdk.ErrUnsupported)
+		case 0xc9, 0xc7, 0xc8: // parameter out of range, request length invalid
+			return wrap(sdk.ErrInvalid)
+		}
+		return wrap(sdk.ErrProtocol)
+	case errors.Is(err, context.DeadlineExceeded), ctx.Err() != nil:
+		return wrap(sdk.ErrTimeout)
+	case strings.Contains(msg, "connection refused"), strings.Contains(msg, "i/o timeout"),
+		strings.Contains(msg, "UDP exchange error"), strings.Contains(msg, "no route to host"),
+		strings.Contains(msg, "network is unreachable"), strings.Contains(msg, "read from conn failed"),
+		strings.Contains(msg, "no such host"):
+		return wrap(sdk.ErrUnreachable)
+	}
+	return wrap(sdk.ErrProtocol)
+}
+
+// suiteUnsupported reports whether a connect error says the BMC refused
+// the cipher suite (so the next suite is worth trying), as opposed to
+// refusing the credentials or not answering.
+func suiteUnsupported(err error) bool {
+	msg := err.Error()
+	return !errors.Is(err, client.ErrRAKPAuthentication) && !strings.Contains(msg, "RAKP authentication failed") &&
+		(strings.Contains(msg, "Open Session failed") || strings.Contains(msg, "RMCP+ status 0x11") ||
+			strings.Contains(msg, "invalid authentication algorithm") || strings.Contains(msg, "unpacked data is too short"))
+}
