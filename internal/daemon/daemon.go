@@ -42,6 +42,7 @@ func Root() *cli.Command {
 		&cli.Command{Name: "coordinator", Synopsis: "Run a coordinator (-config FILE)", Run: runCoordinator},
 		&cli.Command{Name: "plugin", Synopsis: "Run a built-in driver plugin (started by the agent)", Run: runPlugin},
 		&cli.Command{Name: "dev", Synopsis: "Run a single-process development cluster with simulated nodes", Run: runDev},
+		&cli.Command{Name: "bmcsim", Synopsis: "Run simulated BMCs on loopback", Run: runBMCSim},
 		tlsCommand(),
 		importCommand(),
 		&cli.Command{Name: "keyring", Synopsis: "Create the keyring that seals BMC credentials", Subs: []*cli.Command{

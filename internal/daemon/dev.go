@@ -15,6 +15,7 @@ import (
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/seal"
 	"github.com/obmesh/obmesh/hilproxy"
+	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/internal/cli"
 	"github.com/obmesh/obmesh/internal/config"
 	"github.com/obmesh/obmesh/internal/tlsutil"
@@ -157,7 +158,19 @@ func runDev(ctx context.Context, env cli.Env, args []string) int {
 	}
 	token := strings.TrimSpace(string(tokenBytes))
 	addr := "http://" + coord.HTTPAddr()
-	if err := devPopulate(ctx, addr, token); err != nil {
+	// Simulated IPMI BMCs, in this process, reached by the ipmi plugin over
+	// real RMCP+ on loopback.
+	fleet, err := bmcsim.StartIPMIFleet(2, "ipmi", "admin", "dev-ipmi-password")
+	if err != nil {
+		cancel()
+		return fail(env, "dev", err)
+	}
+	defer fleet.Close()
+	nodes := append([]api.NodeSpec(nil), DevNodes...)
+	for _, b := range fleet.IPMI {
+		nodes = append(nodes, api.NodeSpec{Name: b.Name, Driver: "ipmi", Address: b.Addr, Username: b.User, Password: b.Password})
+	}
+	if err := devPopulate(ctx, addr, token, nodes); err != nil {
 		cancel()
 		return fail(env, "dev", err)
 	}
@@ -188,7 +201,7 @@ func runDev(ctx context.Context, env cli.Env, args []string) int {
 
 // devPopulate waits for the agent and registers the dev nodes through the
 // API, like any client would. Nodes that already exist are kept.
-func devPopulate(ctx context.Context, addr, token string) error {
+func devPopulate(ctx context.Context, addr, token string, nodes []api.NodeSpec) error {
 	c := api.NewClient(addr, token, nil)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -203,10 +216,19 @@ func devPopulate(ctx context.Context, addr, token string) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	for _, n := range DevNodes {
+	for _, n := range nodes {
 		if _, err := c.RegisterNode(wctx, n); err != nil {
 			var ae *api.Error
 			if errors.As(err, &ae) && ae.Code == api.CodeAlreadyExists {
+				if n.Driver == "ipmi" {
+					// The simulated BMCs got new ports: re-register.
+					if err := c.DeleteNode(wctx, n.Name); err != nil {
+						return err
+					}
+					if _, err := c.RegisterNode(wctx, n); err != nil {
+						return fmt.Errorf("register %s: %w", n.Name, err)
+					}
+				}
 				continue
 			}
 			return fmt.Errorf("register %s: %w", n.Name, err)
@@ -233,7 +255,7 @@ func printBanner(env cli.Env, addr, token, obmdToken, dir string, temp bool) {
   API:          %s
   Admin token:  %s
   Data dir:     %s (%s)
-  Nodes:        mock-1, mock-2, mock-3 (mock driver)
+  Nodes:        mock-1, mock-2, mock-3 (mock driver); ipmi-1, ipmi-2 (simulated IPMI BMCs)
   obmd API:     %s/node/<name> for HIL, admin token %s
 
 In another shell:
@@ -245,7 +267,7 @@ Then try:
 
   %s node list
   %s power status mock-1
-  %s power cycle mock-1
+  %s power cycle ipmi-1
 
 Press Ctrl-C to stop.
 `, addr, token, dir, kept, addr, obmdToken, addr, token, self, self, self)

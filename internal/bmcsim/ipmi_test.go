@@ -1,0 +1,85 @@
+package bmcsim
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/obmesh/obmesh/plugins/ipmi"
+	"github.com/obmesh/obmesh/plugins/sdk"
+	"github.com/obmesh/obmesh/plugins/sdk/sdktest"
+)
+
+func TestMain(m *testing.M) {
+	sdktest.ServeIfPlugin(ipmi.New())
+	os.Exit(m.Run())
+}
+
+type probe struct{ b *IPMI }
+
+func (p probe) PowerState() sdk.PowerState {
+	if p.b.On() {
+		return sdk.StateOn
+	}
+	return sdk.StateOff
+}
+
+func TestIPMI_Conformance(t *testing.T) {
+	f, err := StartIPMIFleet(2, "sim", "admin", "s3cret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	target := func(b *IPMI) sdktest.Target {
+		n := sdk.Node{Name: b.Name, Key: b.Name + "@1", Address: b.Addr, Username: b.User, Password: sdk.Secret(b.Password)}
+		bad := n
+		bad.Password = "wrong"
+		// go-ipmi's simulated chassis has no OS to act on an ACPI soft-off.
+		return sdktest.Target{Node: n, BadAuth: &bad, Probe: probe{b}, ConsoleOutput: true, SoftOffIgnored: true,
+			BootDevices: []sdk.BootDevice{sdk.BootPXE, sdk.BootDisk, sdk.BootCDROM, sdk.BootBIOS, sdk.BootNone}}
+	}
+	t.Run("in-process", func(t *testing.T) { sdktest.Run(t, ipmi.New(), target(f.IPMI[0])) })
+	t.Run("plugin-process", func(t *testing.T) { sdktest.RunProcess(t, sdktest.SelfCommand(), target(f.IPMI[1])) })
+}
+
+func TestIPMI_IndependentStateAndEcho(t *testing.T) {
+	f, err := StartIPMIFleet(3, "sim", "admin", "pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	d := ipmi.New()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	b, err := d.Open(ctx, sdk.Node{Name: "x", Address: f.IPMI[1].Addr, Username: "admin", Password: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.(sdk.PowerSetter).SetPower(ctx, sdk.PowerOn); err != nil {
+		t.Fatal(err)
+	}
+	if !f.IPMI[1].On() || f.IPMI[0].On() || f.IPMI[2].On() {
+		t.Errorf("power on of BMC 2 changed others: %v %v %v", f.IPMI[0].On(), f.IPMI[1].On(), f.IPMI[2].On())
+	}
+	c, err := b.(sdk.ConsoleOpener).OpenConsole(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("ping\r"))
+	var got strings.Builder
+	buf := make([]byte, 256)
+	for !strings.Contains(got.String(), "ping") {
+		n, err := c.Read(buf)
+		got.Write(buf[:n])
+		if err != nil {
+			t.Fatalf("console: %v (%q)", err, got.String())
+		}
+	}
+	if !strings.Contains(got.String(), "sim-2 login:") {
+		t.Errorf("console output %q lacks the banner", got.String())
+	}
+}
