@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/obmesh/obmesh/coordinator/agentsvc"
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/ops"
@@ -43,6 +45,7 @@ type Store interface {
 // Operator runs operations.
 type Operator interface {
 	Do(ctx context.Context, r ops.Request) (api.Receipt, error)
+	OpenConsole(ctx context.Context, node string) (io.ReadWriteCloser, api.Receipt, error)
 	Receipt(id string) (api.Receipt, bool)
 }
 
@@ -81,6 +84,7 @@ func New(cfg Config, st Store, op Operator, agents Agents, nodes *ops.Registry, 
 	s.handle("POST /v1/nodes/{name}/power", s.power)
 	s.handle("GET /v1/nodes/{name}/power", s.powerStatus)
 	s.handle("PUT /v1/nodes/{name}/boot", s.boot)
+	s.handle("GET /v1/nodes/{name}/console", s.console)
 	s.handle("GET /v1/operations/{id}", s.operation)
 	s.handle("GET /v1/agents", s.listAgents)
 	s.handle("GET /v1/status", s.status)
@@ -420,5 +424,71 @@ func (s *Server) listAgents(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) status(w http.ResponseWriter, r *http.Request) error {
 	_, id := s.store.Leader()
 	writeJSON(w, http.StatusOK, api.Status{ID: s.store.ID(), Leader: id, IsLeader: s.store.IsLeader(), Epoch: s.store.Epoch(), Version: s.cfg.Version})
+	return nil
+}
+
+// console serves a node's serial console over WebSocket: binary messages
+// from the server are console output, messages from the client are typed
+// into the console. The console closes when either side ends.
+func (s *Server) console(w http.ResponseWriter, r *http.Request) error {
+	if !s.store.IsLeader() {
+		_, id := s.store.Leader()
+		return &store.NotLeaderError{LeaderID: id}
+	}
+	octx, cancel, err := opContext(r)
+	if err != nil {
+		return err
+	}
+	con, rec, err := s.ops.OpenConsole(octx, r.PathValue("name"))
+	cancel()
+	if err != nil {
+		if rec.ID == "" {
+			return err
+		}
+		return &receiptError{err: err, receipt: rec}
+	}
+	defer con.Close()
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	if err != nil {
+		return nil // Accept wrote the answer
+	}
+	ws.SetReadLimit(64 << 10)
+	ctx, stop := context.WithCancel(r.Context())
+	defer stop()
+	// Input: client messages are typed into the console. The reader ends
+	// when the client closes or ctx ends; closing the console then ends the
+	// output loop below.
+	inputDone := make(chan struct{})
+	go func() {
+		defer close(inputDone)
+		defer con.Close()
+		for {
+			_, msg, err := ws.Read(ctx)
+			if err != nil {
+				return
+			}
+			if _, err := con.Write(msg); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 4096)
+	for {
+		n, rerr := con.Read(buf)
+		if n > 0 {
+			wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+			werr := ws.Write(wctx, websocket.MessageBinary, buf[:n])
+			wcancel()
+			if werr != nil {
+				break
+			}
+		}
+		if rerr != nil {
+			break
+		}
+	}
+	ws.Close(websocket.StatusNormalClosure, "console ended")
+	stop()
+	<-inputDone
 	return nil
 }

@@ -155,4 +155,3 @@ func (e *echoConn) Close() error {
 	e.c.mu.Unlock()
 	return nil
 }
-

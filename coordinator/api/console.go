@@ -1,0 +1,83 @@
+package api
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+
+	"github.com/coder/websocket"
+)
+
+// Console opens a node's serial console (WebSocket). Reads return console
+// output; writes are typed into the console; Close ends the session. ctx
+// bounds the opening only.
+func (c *Client) Console(ctx context.Context, node string) (io.ReadWriteCloser, error) {
+	u := strings.Replace(c.base, "http", "ws", 1) + "/v1/nodes/" + url.PathEscape(node) + "/console"
+	h := http.Header{}
+	h.Set("Authorization", "Bearer "+c.token)
+	ws, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: h, HTTPClient: &http.Client{Transport: c.http.Transport}})
+	if err != nil {
+		if resp != nil && resp.StatusCode >= 300 {
+			// The error body was consumed by the dialer; report the status.
+			return nil, &Error{StatusCode: resp.StatusCode, Code: codeForStatus(resp.StatusCode), Message: "console: " + err.Error()}
+		}
+		return nil, err
+	}
+	ws.SetReadLimit(1 << 20)
+	cctx, cancel := context.WithCancel(context.Background())
+	return &wsConsole{ws: ws, ctx: cctx, cancel: cancel}, nil
+}
+
+func codeForStatus(s int) string {
+	switch s {
+	case http.StatusUnauthorized:
+		return CodeUnauthorized
+	case http.StatusNotFound:
+		return CodeNotFound
+	case http.StatusServiceUnavailable:
+		return CodeNoAgent
+	}
+	return CodeInternal
+}
+
+type wsConsole struct {
+	ws      *websocket.Conn
+	ctx     context.Context
+	cancel  context.CancelFunc
+	mu      sync.Mutex
+	pending []byte
+	once    sync.Once
+}
+
+func (w *wsConsole) Read(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for len(w.pending) == 0 {
+		_, msg, err := w.ws.Read(w.ctx)
+		if err != nil {
+			return 0, io.EOF
+		}
+		w.pending = msg
+	}
+	n := copy(p, w.pending)
+	w.pending = w.pending[n:]
+	return n, nil
+}
+
+func (w *wsConsole) Write(p []byte) (int, error) {
+	if err := w.ws.Write(w.ctx, websocket.MessageBinary, p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (w *wsConsole) Close() error {
+	w.once.Do(func() {
+		w.ws.Close(websocket.StatusNormalClosure, "")
+		w.cancel()
+	})
+	return nil
+}
