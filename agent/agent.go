@@ -368,6 +368,7 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 	n := sdk.Node{Name: pn.Name, Key: pn.Key, Address: pn.Address, Username: pn.Username, Password: sdk.Secret(pn.Password), Options: pn.Options}
 	var pluginTime time.Duration
 	var status *sdk.PowerStatus
+	var ident map[string]string
 	err := a.host.Do(ctx, pn.Driver, n, func(ctx context.Context, b sdk.BMC) error {
 		t0 := time.Now()
 		defer func() { pluginTime = time.Since(t0) }()
@@ -386,6 +387,19 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 			st, err := g.PowerState(ctx)
 			status = &st
 			return err
+		case "identity":
+			g, ok := b.(sdk.Identifier)
+			if !ok {
+				return sdk.ErrUnsupported
+			}
+			id, err := g.Identity(ctx)
+			if err == nil {
+				ident = map[string]string{"vendor": id.Vendor, "model": id.Model, "firmware": id.Firmware}
+				for k, v := range id.Extra {
+					ident[k] = v
+				}
+			}
+			return err
 		case "boot_device":
 			s, ok := b.(sdk.BootDeviceSetter)
 			if !ok {
@@ -397,7 +411,11 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 	})
 	err = scrub(err, pn.Password)
 	a.logger.Info("operation", "op", op.Id, "node", pn.Name, "action", op.Action, "ok", err == nil, "class", sdk.ClassOf(err))
-	return result(op.Id, start, pluginTime, err, status)
+	m := result(op.Id, start, pluginTime, err, status)
+	if err == nil {
+		m.GetResult().Identity = ident
+	}
+	return m
 }
 
 func result(id string, start time.Time, pluginTime time.Duration, err error, st *sdk.PowerStatus) *agentpb.AgentMessage {

@@ -34,6 +34,8 @@ type Node struct {
 	CredentialKeyID string    `json:"credential_key_id,omitempty"`
 	Key             string    `json:"key"`
 	CreatedAt       time.Time `json:"created_at"`
+	// BMC is the BMC's identity when it was asked for (obmesh node show).
+	BMC map[string]string `json:"bmc,omitempty"`
 }
 
 // Power actions accepted by POST /v1/nodes/{name}/power.
@@ -84,6 +86,9 @@ type Receipt struct {
 	// own wording when it differs.
 	State    string `json:"state,omitempty"`
 	RawState string `json:"raw_state,omitempty"`
+	// Identity is the BMC's identity for identity reads (vendor, model,
+	// firmware, ...).
+	Identity map[string]string `json:"identity,omitempty"`
 	// ErrorClass and Error describe a failure.
 	ErrorClass string `json:"error_class,omitempty"`
 	Error      string `json:"error,omitempty"`

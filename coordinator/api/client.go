@@ -117,6 +117,13 @@ func (c *Client) PowerStatus(ctx context.Context, name string) (Receipt, error) 
 	return r, err
 }
 
+// Identity reads the BMC's identity; the receipt's Identity holds it.
+func (c *Client) Identity(ctx context.Context, name string) (Receipt, error) {
+	var r Receipt
+	err := c.do(ctx, http.MethodGet, nodePath(name, "/identity"), nil, &r)
+	return r, err
+}
+
 // SetBootDevice sets the boot device.
 func (c *Client) SetBootDevice(ctx context.Context, name string, b BootRequest) (Receipt, error) {
 	var r Receipt

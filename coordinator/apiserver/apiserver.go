@@ -83,6 +83,7 @@ func New(cfg Config, st Store, op Operator, agents Agents, nodes *ops.Registry, 
 	s.handle("DELETE /v1/nodes/{name}", s.deleteNode)
 	s.handle("POST /v1/nodes/{name}/power", s.power)
 	s.handle("GET /v1/nodes/{name}/power", s.powerStatus)
+	s.handle("GET /v1/nodes/{name}/identity", s.identity)
 	s.handle("PUT /v1/nodes/{name}/boot", s.boot)
 	s.handle("GET /v1/nodes/{name}/console", s.console)
 	s.handle("GET /v1/operations/{id}", s.operation)
@@ -366,6 +367,10 @@ func (s *Server) power(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) powerStatus(w http.ResponseWriter, r *http.Request) error {
 	return s.run(w, r, ops.Request{Node: r.PathValue("name"), Action: ops.ActPowerStatus})
+}
+
+func (s *Server) identity(w http.ResponseWriter, r *http.Request) error {
+	return s.run(w, r, ops.Request{Node: r.PathValue("name"), Action: ops.ActIdentity})
 }
 
 func (s *Server) boot(w http.ResponseWriter, r *http.Request) error {

@@ -205,7 +205,7 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		outcome = api.OutcomeOK
 	default:
 		rec.Timings = append(rec.Timings, api.Timing{Hop: "agent", DurationMS: ms(time.Duration(res.AgentNs))}, api.Timing{Hop: "plugin", DurationMS: ms(time.Duration(res.PluginNs))})
-		rec.State, rec.RawState = res.PowerState, res.RawState
+		rec.State, rec.RawState, rec.Identity = res.PowerState, res.RawState, res.Identity
 		if res.Ok {
 			outcome = api.OutcomeOK
 		} else {

@@ -37,7 +37,7 @@ type IPMI struct {
 func StartIPMI(name, addr, user, password string) (*IPMI, error) {
 	h := mock.New()
 	h.SetConsole(&echoConsole{banner: fmt.Sprintf("\r\n%s login: ", name)})
-	info := bmc.DeviceInfo{DeviceID: 0x20, DeviceRevision: 1, FirmwareMajor: 1, FirmwareMinor: 0x10, IPMIVersion: 0x20,
+	info := bmc.DeviceInfo{DeviceID: 0x20, DeviceRevision: 1, FirmwareMajor: 1, FirmwareMinor: 0x10, IPMIVersion: 0x02,
 		ManufacturerID: 0xC0FFEE & 0xFFFFFF, ProductID: 0x0b5e, AdditionalDeviceSupport: 0x39}
 	var guid [16]byte
 	copy(guid[:], name)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/obmesh/obmesh/coordinator/api"
 )
@@ -85,6 +86,16 @@ func nodeCommand() *Command {
 			if err != nil {
 				return err
 			}
+			// Ask the BMC who it is, briefly; a node whose BMC cannot say is
+			// still shown.
+			ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			r, ierr := c.Identity(ictx, args[0])
+			cancel()
+			if ierr == nil {
+				n.BMC = r.Identity
+			} else if f.output != "json" {
+				defer fmt.Fprintf(env.Stdout, "BMC identity: unavailable (%v)\n", ierr)
+			}
 			printNode(env, f.output, n)
 			return nil
 		})
@@ -140,6 +151,14 @@ func printNode(env Env, output string, n api.Node) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		rows = append(rows, []string{"Option " + k + ":", n.Options[k]})
+	}
+	bkeys := make([]string, 0, len(n.BMC))
+	for k := range n.BMC {
+		bkeys = append(bkeys, k)
+	}
+	sort.Strings(bkeys)
+	for _, k := range bkeys {
+		rows = append(rows, []string{"BMC " + k + ":", n.BMC[k]})
 	}
 	table(env.Stdout, "", rows)
 }

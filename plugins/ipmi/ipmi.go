@@ -190,7 +190,7 @@ func (b *bmc) Identity(ctx context.Context) (sdk.Identity, error) {
 		id = sdk.Identity{
 			Vendor:   fmt.Sprintf("IANA %d", r.ManufacturerID),
 			Model:    fmt.Sprintf("product %#04x", r.ProductID),
-			Firmware: fmt.Sprintf("%d.%02x", r.MajorFirmwareRevision, r.MinorFirmwareRevision),
+			Firmware: fmt.Sprintf("%d.%02d", r.MajorFirmwareRevision, r.MinorFirmwareRevision),
 			Extra: map[string]string{
 				"ipmi_version": fmt.Sprintf("%d.%d", r.MajorIPMIVersion, r.MinorIPMIVersion),
 				"device_id":    fmt.Sprint(r.DeviceID),
