@@ -55,6 +55,27 @@ type ClearNodeToken struct {
 	Name string `json:"name"`
 }
 
+// PutMember records a coordinator's addresses.
+type PutMember struct {
+	Member Member `json:"member"`
+}
+
+// DeleteMember forgets a coordinator's record (after it was removed).
+type DeleteMember struct {
+	ID string `json:"id"`
+}
+
+// RestoreState replaces nodes, sites and agents with those of a snapshot
+// (obmesh snapshot restore). Member records are kept: they describe the
+// running group, not the saved one.
+type RestoreState struct {
+	Snapshot json.RawMessage `json:"snapshot"`
+}
+
+func (PutMember) commandType() string    { return "member.put" }
+func (DeleteMember) commandType() string { return "member.delete" }
+func (RestoreState) commandType() string { return "state.restore" }
+
 func (SetNodeToken) commandType() string   { return "node.token.set" }
 func (ClearNodeToken) commandType() string { return "node.token.clear" }
 
@@ -109,6 +130,12 @@ func Decode(data []byte) (c Command, ignore bool, err error) {
 		c, err = decodeAs[SetNodeToken](env.Payload)
 	case "node.token.clear":
 		c, err = decodeAs[ClearNodeToken](env.Payload)
+	case "member.put":
+		c, err = decodeAs[PutMember](env.Payload)
+	case "member.delete":
+		c, err = decodeAs[DeleteMember](env.Payload)
+	case "state.restore":
+		c, err = decodeAs[RestoreState](env.Payload)
 	default:
 		if env.IgnoreIfUnknown {
 			return nil, true, nil
@@ -193,6 +220,23 @@ func (s *State) apply(index uint64, c Command) Result {
 			n.Token = nil
 			n.ModifyIndex = index
 		}
+		return Result{}
+	case PutMember:
+		if c.Member.ID == "" {
+			return Result{Err: fmt.Errorf("%w: member without id", ErrInvalid)}
+		}
+		m := c.Member
+		s.members[m.ID] = &m
+		return Result{}
+	case DeleteMember:
+		delete(s.members, c.ID)
+		return Result{}
+	case RestoreState:
+		ns, err := decodeSnapshot(bytes.NewReader(c.Snapshot))
+		if err != nil {
+			return Result{Err: fmt.Errorf("%w: %v", ErrInvalid, err)}
+		}
+		s.nodes, s.sites, s.agents = ns.nodes, ns.sites, ns.agents
 		return Result{}
 	case DeleteNode:
 		if _, ok := s.nodes[c.Name]; !ok {

@@ -107,6 +107,16 @@ type Agent struct {
 	Connects            uint64 `json:"connects"`
 }
 
+// Member is a coordinator's addresses, written by the leader (for itself
+// when it takes office, for others when they join) so every member can
+// reach the leader: to forward requests and to redirect agents.
+type Member struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	APIAddr  string `json:"api_addr"`
+	LinkAddr string `json:"link_addr"`
+}
+
 // State is the replicated state. It is safe for concurrent use: Apply and
 // Restore take a write lock, reads a read lock and return copies.
 type State struct {
@@ -114,12 +124,36 @@ type State struct {
 	index  uint64
 	nodes  map[string]*Node
 	sites  map[string]*Site
-	agents map[string]*Agent
+	agents  map[string]*Agent
+	members map[string]*Member
 }
 
 // New returns an empty state.
 func New() *State {
-	return &State{nodes: map[string]*Node{}, sites: map[string]*Site{}, agents: map[string]*Agent{}}
+	return &State{nodes: map[string]*Node{}, sites: map[string]*Site{}, agents: map[string]*Agent{}, members: map[string]*Member{}}
+}
+
+// Member returns a member's record.
+func (s *State) Member(id string) (Member, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	m, ok := s.members[id]
+	if !ok {
+		return Member{}, false
+	}
+	return *m, true
+}
+
+// Members returns all member records, sorted by id.
+func (s *State) Members() []Member {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]Member, 0, len(s.members))
+	for _, m := range s.members {
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
 }
 
 // Index is the index of the last applied entry.
@@ -235,6 +269,7 @@ type snapshot struct {
 	Nodes   []*Node  `json:"nodes"`
 	Sites   []*Site  `json:"sites"`
 	Agents  []*Agent `json:"agents"`
+	Members []*Member `json:"members,omitempty"`
 }
 
 // Snapshot writes the whole state to w. The output is deterministic: equal
@@ -251,6 +286,10 @@ func (s *State) Snapshot(w io.Writer) error {
 	for _, a := range s.agents {
 		snap.Agents = append(snap.Agents, a)
 	}
+	for _, m := range s.members {
+		snap.Members = append(snap.Members, m)
+	}
+	sort.Slice(snap.Members, func(i, j int) bool { return snap.Members[i].ID < snap.Members[j].ID })
 	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].Name < snap.Nodes[j].Name })
 	sort.Slice(snap.Sites, func(i, j int) bool { return snap.Sites[i].Name < snap.Sites[j].Name })
 	sort.Slice(snap.Agents, func(i, j int) bool { return snap.Agents[i].ID < snap.Agents[j].ID })
@@ -265,14 +304,26 @@ func (s *State) Snapshot(w io.Writer) error {
 
 // Restore replaces the state with a snapshot written by Snapshot.
 func (s *State) Restore(r io.Reader) error {
+	ns, err := decodeSnapshot(r)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.index, s.nodes, s.sites, s.agents, s.members = ns.index, ns.nodes, ns.sites, ns.agents, ns.members
+	s.mu.Unlock()
+	return nil
+}
+
+// decodeSnapshot reads a snapshot document into a fresh state.
+func decodeSnapshot(r io.Reader) (*State, error) {
 	var snap snapshot
 	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&snap); err != nil {
-		return fmt.Errorf("state: decode snapshot: %w", err)
+		return nil, fmt.Errorf("state: decode snapshot: %w", err)
 	}
 	if snap.Version != Version {
-		return fmt.Errorf("state: snapshot version %d, this build reads %d", snap.Version, Version)
+		return nil, fmt.Errorf("state: snapshot version %d, this build reads %d", snap.Version, Version)
 	}
 	ns := New()
 	ns.index = snap.Index
@@ -285,8 +336,8 @@ func (s *State) Restore(r io.Reader) error {
 	for _, a := range snap.Agents {
 		ns.agents[a.ID] = a
 	}
-	s.mu.Lock()
-	s.index, s.nodes, s.sites, s.agents = ns.index, ns.nodes, ns.sites, ns.agents
-	s.mu.Unlock()
-	return nil
+	for _, m := range snap.Members {
+		ns.members[m.ID] = m
+	}
+	return ns, nil
 }

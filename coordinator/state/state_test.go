@@ -17,7 +17,11 @@ func randomLog(r *rand.Rand, n int) [][]byte {
 	var log [][]byte
 	for i := range n {
 		var c Command
-		switch r.IntN(8) {
+		switch r.IntN(10) {
+		case 8:
+			c = PutMember{Member: Member{ID: fmt.Sprintf("c%d", r.IntN(3)), RaftAddr: fmt.Sprintf("127.0.0.1:%d", r.IntN(9))}}
+		case 9:
+			c = DeleteMember{ID: fmt.Sprintf("c%d", r.IntN(3))}
 		case 6:
 			c = SetNodeToken{Name: names[r.IntN(len(names))], Salt: []byte{byte(i), 1}, Hash: []byte{byte(r.IntN(255)), 2}}
 		case 7:
@@ -222,5 +226,31 @@ func TestState_NodeTokens(t *testing.T) {
 	}
 	if res, _ := s.Apply(5, enc(SetNodeToken{Name: "nope", Salt: []byte{1}, Hash: []byte{2}})); !errors.Is(res.Err, ErrNotFound) {
 		t.Errorf("token for a missing node = %v", res.Err)
+	}
+}
+
+func TestState_RestoreCommandKeepsMembers(t *testing.T) {
+	enc := func(c Command) []byte { b, _ := Encode(c); return b }
+	saved := New()
+	saved.Apply(1, enc(RegisterNode{Node: Node{Name: "old", Driver: "mock", Site: "s"}}))
+	var snap bytes.Buffer
+	saved.Snapshot(&snap)
+	s := New()
+	s.Apply(1, enc(RegisterNode{Node: Node{Name: "new", Driver: "mock", Site: "s"}}))
+	s.Apply(2, enc(PutMember{Member: Member{ID: "c1", RaftAddr: "a"}}))
+	if res, _ := s.Apply(3, enc(RestoreState{Snapshot: snap.Bytes()})); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if _, ok := s.Node("old"); !ok {
+		t.Errorf("restored node missing")
+	}
+	if _, ok := s.Node("new"); ok {
+		t.Errorf("node from after the snapshot survived the restore")
+	}
+	if _, ok := s.Member("c1"); !ok {
+		t.Errorf("member record lost by the restore")
+	}
+	if res, _ := s.Apply(4, enc(RestoreState{Snapshot: []byte(`{"v":99}`)})); !errors.Is(res.Err, ErrInvalid) {
+		t.Errorf("junk restore = %v", res.Err)
 	}
 }
