@@ -43,7 +43,8 @@ proto: ## regenerate protobuf code (needs protoc; installs the Go generators)
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 	PATH="$(GOBIN):$$PATH" $(PROTOC) --go_out=. --go_opt=paths=source_relative \
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
-		plugins/sdk/internal/driverpb/driver.proto internal/agentpb/agent.proto
+		plugins/sdk/internal/driverpb/driver.proto internal/agentpb/agent.proto \
+		coordinator/cluster/clusterpb/cluster.proto
 
 bench: ## run the benchmarks (latency through the whole path vs in-process)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/systemtest/ ./plugins/...

@@ -100,9 +100,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 
 	backoff := a.cfg.Link.BackoffMin.D()
+	next := ""
 	for i := 0; ; i++ {
 		addr := a.cfg.Coordinators[i%len(a.cfg.Coordinators)]
+		if next != "" {
+			addr, next = next, "" // the leader a follower pointed to
+		}
 		welcomed, err := a.session(ctx, addr, tlsCfg)
+		var rd *redirectError
+		if errors.As(err, &rd) && rd.leader != "" && rd.leader != addr {
+			next = rd.leader
+			a.logger.Info("following the leader", "from", addr, "to", rd.leader)
+			a.connected.Store(false)
+			continue
+		}
 		a.connected.Store(false)
 		if ctx.Err() != nil {
 			return nil
@@ -127,6 +138,12 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 var errRedirect = errors.New("coordinator is not the leader")
+
+// redirectError carries the leader a follower named.
+type redirectError struct{ leader string }
+
+func (e *redirectError) Error() string   { return "coordinator is not the leader; leader at " + e.leader }
+func (e *redirectError) Is(t error) bool { return t == errRedirect }
 
 // session runs one link to addr. It reports whether the coordinator
 // welcomed the agent.
@@ -178,8 +195,8 @@ func (a *Agent) session(ctx context.Context, addr string, base *tls.Config) (boo
 	if err != nil {
 		return false, err
 	}
-	if first.GetRedirect() != nil {
-		return false, errRedirect
+	if r := first.GetRedirect(); r != nil {
+		return false, &redirectError{leader: r.Leader}
 	}
 	w := first.GetWelcome()
 	if w == nil {
@@ -253,7 +270,7 @@ func (a *Agent) session(ctx context.Context, addr string, base *tls.Config) (boo
 			}
 			opsMu.Unlock()
 		case m.GetRedirect() != nil:
-			return true, errRedirect
+			return true, &redirectError{leader: m.GetRedirect().Leader}
 		}
 	}
 }

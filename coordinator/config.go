@@ -57,15 +57,25 @@ type OBMDConfig struct {
 type RaftConfig struct {
 	Listen    string `toml:"listen"`
 	Advertise string `toml:"advertise"`
-	// Bootstrap makes a fresh member start a new group with itself.
+	// Bootstrap makes a fresh member start a new group with itself alone.
 	Bootstrap bool `toml:"bootstrap"`
+	// Expect is the number of founding members: a fresh member asks the
+	// retry_join addresses who they are and, once it knows expect members,
+	// all of them bootstrap the same group. A fresh member that finds an
+	// existing group joins it instead (a replacement, or a wiped data dir).
+	Expect int `toml:"expect"`
+	// RetryJoin lists other members' agent_link addresses.
+	RetryJoin []string `toml:"retry_join"`
 	// SnapshotThreshold is the number of log entries between snapshots.
 	SnapshotThreshold uint64 `toml:"snapshot_threshold"`
 }
 
 // AgentLinkConfig configures the gRPC listener agents dial.
 type AgentLinkConfig struct {
-	Listen    string          `toml:"listen"`
+	Listen string `toml:"listen"`
+	// Advertise is the address agents and other coordinators dial;
+	// defaults to the bound address.
+	Advertise string          `toml:"advertise"`
 	CAFile    string          `toml:"ca_file"`
 	CertFile  string          `toml:"cert_file"`
 	KeyFile   string          `toml:"key_file"`
@@ -135,6 +145,15 @@ func (c *Config) Validate() error {
 		if _, err := hilproxy.ParseToken(c.OBMD.AdminToken); err != nil {
 			errs = append(errs, errors.New("obmd.admin_token must be 32 hex digits (obmesh keyring has none; make one with: obmd -gen-token)"))
 		}
+	}
+	if c.Raft.Bootstrap && c.Raft.Expect > 1 {
+		errs = append(errs, errors.New("raft.bootstrap (a group of one) and raft.expect > 1 contradict each other"))
+	}
+	if c.Raft.Expect < 0 || c.Raft.Expect > 9 {
+		errs = append(errs, errors.New("raft.expect must be between 0 and 9 (use 3 or 5)"))
+	}
+	if !c.Raft.Bootstrap && len(c.Raft.RetryJoin) == 0 {
+		errs = append(errs, errors.New("set raft.bootstrap = true for a single coordinator, or raft.expect and raft.retry_join for a group"))
 	}
 	if c.AgentLink.Heartbeat.D() <= 0 || c.Operations.DefaultTimeout.D() <= 0 {
 		errs = append(errs, errors.New("agent_link.heartbeat and operations.default_timeout must be positive"))

@@ -20,6 +20,8 @@ import (
 	"github.com/obmesh/obmesh/coordinator/agentsvc"
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/apiserver"
+	"github.com/obmesh/obmesh/coordinator/cluster"
+	"github.com/obmesh/obmesh/coordinator/cluster/clusterpb"
 	"github.com/obmesh/obmesh/coordinator/ops"
 	"github.com/obmesh/obmesh/coordinator/seal"
 	"github.com/obmesh/obmesh/coordinator/state"
@@ -110,18 +112,32 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("agent link listen: %w", err)
 	}
 
-	svc := agentsvc.New(agentsvc.Config{ID: s.cfg.Name, Heartbeat: s.cfg.AgentLink.Heartbeat.D(), AgentWait: s.cfg.AgentLink.AgentWait.D()}, st, s.logger)
+	clientTLS, err := tlsutil.ClientConfig(tlsutil.Files{CA: s.cfg.AgentLink.CAFile, Cert: s.cfg.AgentLink.CertFile, Key: s.cfg.AgentLink.KeyFile})
+	if err != nil {
+		httpLn.Close()
+		linkLn.Close()
+		return fmt.Errorf("agent link: %w", err)
+	}
+	linkAdv := s.cfg.AgentLink.Advertise
+	if linkAdv == "" {
+		linkAdv = linkLn.Addr().String()
+	}
+	self := cluster.Self{ID: s.cfg.Name, RaftAddr: st.RaftAddr(), APIAddr: httpLn.Addr().String(), LinkAddr: linkAdv}
+	members := cluster.New(self, st, clientTLS, s.logger)
+	defer members.Close()
+	svc := agentsvc.New(agentsvc.Config{ID: s.cfg.Name, Heartbeat: s.cfg.AgentLink.Heartbeat.D(), AgentWait: s.cfg.AgentLink.AgentWait.D()},
+		leadership{st, members}, s.logger)
 	runner := ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D()}, st.State(), keys, svc, st, s.logger)
 	registry := ops.NewRegistry(st, keys, s.cfg.Operations.DefaultSite)
 	apiHandler := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, s.logger)
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", apiHandler)
-	var root http.Handler = mux
+	var local http.Handler = mux
 	if obmdOn {
 		hil := hilproxy.NewHandler(&hilBackend{store: st, nodes: registry, runner: runner},
 			hilproxy.Options{AdminToken: obmdToken, Logger: s.logger})
-		root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		local = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if hilproxy.Owns(r) {
 				hil.ServeHTTP(w, r)
 				return
@@ -129,6 +145,8 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			mux.ServeHTTP(w, r)
 		})
 	}
+	members.SetHandler(local)
+	root := forwarding(st, cluster.NewForwarder(members), local)
 	if gate := s.cfg.HTTP.Gate; gate != nil {
 		inner := root
 		root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -148,13 +166,14 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		grpc.MaxRecvMsgSize(4<<20),
 	)
 	agentpb.RegisterAgentLinkServer(grpcSrv, svc)
+	clusterpb.RegisterClusterServer(grpcSrv, members)
 
 	s.mu.Lock()
 	s.httpAddr, s.linkAddr, s.store, s.registry = httpLn.Addr().String(), linkLn.Addr().String(), st, registry
 	s.mu.Unlock()
 
 	var wg sync.WaitGroup
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	wg.Go(func() {
 		var err error
 		if s.cfg.HTTP.TLSCert != "" {
@@ -187,6 +206,18 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			}
 		}
 	})
+	// A fresh member of a group finds the others (or its group) and
+	// bootstraps or joins; every member keeps its address record current.
+	if !st.HasState() && !s.cfg.Raft.Bootstrap {
+		wg.Go(func() {
+			expect := max(s.cfg.Raft.Expect, 1)
+			err := members.Bootstrap(wctx, expect, s.cfg.Raft.RetryJoin, st.BootstrapWith)
+			if err != nil && wctx.Err() == nil {
+				errc <- fmt.Errorf("form or join the group: %w", err)
+			}
+		})
+	}
+	wg.Go(func() { members.KeepRecorded(wctx) })
 	s.logger.Info("coordinator started", "http", s.httpAddr, "agent_link", s.linkAddr, "raft", st.RaftAddr())
 	close(s.ready)
 
@@ -228,4 +259,49 @@ func (s *Server) RegisterNode(ctx context.Context, spec api.NodeSpec) error {
 	}
 	_, err := reg.Register(ctx, spec)
 	return err
+}
+
+// leadership adapts the store and the member service to agentsvc.
+type leadership struct {
+	*store.Store
+	members *cluster.Service
+}
+
+func (l leadership) LeaderLinkAddr() string { return l.members.LeaderLinkAddr() }
+
+// forwarding serves a request locally on the leader and forwards it to
+// the leader elsewhere. Stale reads (?stale=true) and /v1/status are served
+// by any member. A forwarded request reaching a member that is no longer
+// the leader is answered with 503, never forwarded twice.
+func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if st.IsLeader() || r.URL.Path == "/v1/status" ||
+			(r.Method == http.MethodGet && r.URL.Query().Get("stale") == "true") {
+			local.ServeHTTP(w, r)
+			return
+		}
+		if cluster.IsForwarded(r) {
+			noLeader(w, r)
+			return
+		}
+		served, err := fw.Forward(w, r)
+		switch {
+		case served:
+			local.ServeHTTP(w, r) // this member became the leader meanwhile
+		case err != nil:
+			noLeader(w, r)
+		}
+	})
+}
+
+// noLeader answers when no leader can serve: JSON on the native API, the
+// empty 500 obmd gave for any failure on its API.
+func noLeader(w http.ResponseWriter, r *http.Request) {
+	if hilproxy.Owns(r) {
+		w.WriteHeader(http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	fmt.Fprintf(w, "{\"error\":{\"code\":%q,\"message\":%q}}\n", api.CodeNoLeader, cluster.ErrNoLeader.Error())
 }

@@ -51,6 +51,8 @@ type Leadership interface {
 	IsLeader() bool
 	Epoch() uint64
 	Apply(ctx context.Context, c state.Command) (state.Result, error)
+	// LeaderLinkAddr is where agents find the leader; empty if unknown.
+	LeaderLinkAddr() string
 }
 
 // Config configures the service.
@@ -147,7 +149,7 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 	}
 	if !s.lead.IsLeader() {
 		// Agents follow the leader; tell this one to look elsewhere.
-		return stream.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Redirect{Redirect: &agentpb.Redirect{}}})
+		return stream.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Redirect{Redirect: &agentpb.Redirect{Leader: s.lead.LeaderLinkAddr()}}})
 	}
 	var drivers []state.DriverInfo
 	var driverNames []string

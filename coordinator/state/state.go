@@ -120,10 +120,10 @@ type Member struct {
 // State is the replicated state. It is safe for concurrent use: Apply and
 // Restore take a write lock, reads a read lock and return copies.
 type State struct {
-	mu     sync.RWMutex
-	index  uint64
-	nodes  map[string]*Node
-	sites  map[string]*Site
+	mu      sync.RWMutex
+	index   uint64
+	nodes   map[string]*Node
+	sites   map[string]*Site
 	agents  map[string]*Agent
 	members map[string]*Member
 }
@@ -264,11 +264,11 @@ func ValidNodeName(s string) bool {
 
 // snapshot is the snapshot document.
 type snapshot struct {
-	Version int      `json:"v"`
-	Index   uint64   `json:"index"`
-	Nodes   []*Node  `json:"nodes"`
-	Sites   []*Site  `json:"sites"`
-	Agents  []*Agent `json:"agents"`
+	Version int       `json:"v"`
+	Index   uint64    `json:"index"`
+	Nodes   []*Node   `json:"nodes"`
+	Sites   []*Site   `json:"sites"`
+	Agents  []*Agent  `json:"agents"`
 	Members []*Member `json:"members,omitempty"`
 }
 

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -82,6 +83,7 @@ type Store struct {
 	raft      *raft.Raft
 	boltStore *raftboltdb.BoltStore
 	transport *raft.NetworkTransport
+	hasState  bool
 }
 
 // New returns an unopened store. It does no I/O.
@@ -143,6 +145,29 @@ func (s *Store) Open() error {
 		tr.Close()
 		return fmt.Errorf("store: %w", err)
 	}
+	// Manual recovery after losing quorum (docs/operations.md): a
+	// peers.json in the data dir replaces the group's configuration.
+	peersFile := filepath.Join(s.cfg.Dir, "peers.json")
+	if _, err := os.Stat(peersFile); err == nil && existing {
+		conf, err := raft.ReadConfigJSON(peersFile)
+		if err != nil {
+			bs.Close()
+			tr.Close()
+			return fmt.Errorf("store: recovery file %s: %w", peersFile, err)
+		}
+		if err := raft.RecoverCluster(rc, (*fsm)(s), bs, bs, snaps, tr, conf); err != nil {
+			bs.Close()
+			tr.Close()
+			return fmt.Errorf("store: recover from %s: %w", peersFile, err)
+		}
+		if err := os.Rename(peersFile, peersFile+".applied"); err != nil {
+			bs.Close()
+			tr.Close()
+			return fmt.Errorf("store: %w", err)
+		}
+		s.logger.Warn("recovered the group configuration from peers.json", "servers", len(conf.Servers))
+	}
+	s.hasState = existing
 	r, err := raft.NewRaft(rc, (*fsm)(s), bs, bs, snaps, tr)
 	if err != nil {
 		bs.Close()
@@ -162,6 +187,74 @@ func (s *Store) Open() error {
 		}
 	}
 	return nil
+}
+
+// HasState reports whether this server had Raft state when it opened (it
+// belongs to a group already).
+func (s *Store) HasState() bool { return s.hasState }
+
+// BootstrapWith starts a new group of peers (this server among them). Every
+// founding member calls it with the same set. It is an error on a server
+// that has state.
+func (s *Store) BootstrapWith(peers []Peer) error {
+	var servers []raft.Server
+	for _, p := range peers {
+		servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
+	}
+	err := s.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+	if err == nil {
+		s.hasState = true
+	}
+	return err
+}
+
+// AddVoter adds (or re-adds, after a wiped data dir) a voting member. It
+// must run on the leader.
+func (s *Store) AddVoter(ctx context.Context, id, addr string) error {
+	if err := s.awaitLeadership(ctx); err != nil {
+		return err
+	}
+	return s.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, s.timeout(ctx)).Error()
+}
+
+// RemoveServer removes a member. It must run on the leader.
+func (s *Store) RemoveServer(ctx context.Context, id string) error {
+	if err := s.awaitLeadership(ctx); err != nil {
+		return err
+	}
+	return s.raft.RemoveServer(raft.ServerID(id), 0, s.timeout(ctx)).Error()
+}
+
+func (s *Store) timeout(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return time.Until(dl)
+	}
+	return s.cfg.ApplyTimeout
+}
+
+// Info is this server's Raft view.
+type Info struct {
+	State         string // leader, follower, candidate, shutdown
+	Term          uint64
+	AppliedIndex  uint64
+	LastLogIndex  uint64
+	LastContactMS int64 // since the leader was last heard from; -1 never; 0 on the leader
+}
+
+// Info reports this server's Raft state.
+func (s *Store) Info() Info {
+	st := s.raft.Stats()
+	num := func(k string) uint64 { v, _ := strconv.ParseUint(st[k], 10, 64); return v }
+	i := Info{State: strings.ToLower(s.raft.State().String()), Term: num("term"), AppliedIndex: s.raft.AppliedIndex(), LastLogIndex: num("last_log_index")}
+	switch {
+	case s.raft.State() == raft.Leader:
+		i.LastContactMS = 0
+	case s.raft.LastContact().IsZero():
+		i.LastContactMS = -1
+	default:
+		i.LastContactMS = time.Since(s.raft.LastContact()).Milliseconds()
+	}
+	return i
 }
 
 // Close shuts Raft down and closes the log. It is safe to call on an

@@ -1,0 +1,263 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/obmesh/obmesh/coordinator/cluster/clusterpb"
+)
+
+// HTTPHandler runs forwarded requests on the leader.
+type HTTPHandler = http.Handler
+
+// ForwardedHeader marks a forwarded request, so a member that lost the
+// leadership meanwhile answers instead of forwarding again.
+const ForwardedHeader = "X-Obmesh-Forwarded-By"
+
+// maxForwardBody bounds a forwarded request body (snapshots are the
+// largest).
+const maxForwardBody = 64 << 20
+
+// hop-by-hop headers are not forwarded.
+var hopByHop = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true}
+
+// Forward implements clusterpb.ClusterServer: it runs one HTTP request on
+// this member's handler, streaming the response back.
+func (s *Service) Forward(stream clusterpb.Cluster_ForwardServer) error {
+	if err := checkPeer(stream.Context()); err != nil {
+		return err
+	}
+	if s.handler == nil {
+		return status.Error(codes.Unavailable, "not serving yet")
+	}
+	head, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	ctx := stream.Context()
+	body, bodyW := io.Pipe()
+	req, err := http.NewRequestWithContext(ctx, head.Method, head.Uri, body)
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "bad forwarded request: %v", err)
+	}
+	req.RequestURI = head.Uri
+	req.RemoteAddr = head.RemoteAddr
+	for _, h := range head.Headers {
+		req.Header.Add(h.Name, h.Value)
+	}
+	// Body pump: frames until end. It ends with the stream at the latest,
+	// which gRPC tears down when this handler returns.
+	go func() {
+		if len(head.Body) > 0 {
+			if _, err := bodyW.Write(head.Body); err != nil {
+				return
+			}
+		}
+		if head.End {
+			bodyW.Close()
+			return
+		}
+		for {
+			f, err := stream.Recv()
+			if err != nil {
+				bodyW.CloseWithError(err)
+				return
+			}
+			if len(f.Body) > 0 {
+				if _, err := bodyW.Write(f.Body); err != nil {
+					return
+				}
+			}
+			if f.End {
+				bodyW.Close()
+				return
+			}
+		}
+	}()
+	w := &streamWriter{stream: stream, header: http.Header{}}
+	s.handler.ServeHTTP(w, req)
+	body.Close()
+	return w.finish()
+}
+
+// streamWriter is the http.ResponseWriter of a forwarded request: the head
+// goes out with the first write, each write is a frame.
+type streamWriter struct {
+	stream    clusterpb.Cluster_ForwardServer
+	header    http.Header
+	wroteHead bool
+	status    int
+	err       error
+}
+
+func (w *streamWriter) Header() http.Header { return w.header }
+
+func (w *streamWriter) WriteHeader(code int) {
+	if w.wroteHead {
+		return
+	}
+	w.wroteHead, w.status = true, code
+	f := &clusterpb.HTTPFrame{Status: int32(code)}
+	for k, vs := range w.header {
+		for _, v := range vs {
+			f.Headers = append(f.Headers, &clusterpb.Header{Name: k, Value: v})
+		}
+	}
+	w.err = w.stream.Send(f)
+}
+
+func (w *streamWriter) Write(p []byte) (int, error) {
+	if !w.wroteHead {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.err != nil {
+		return 0, w.err
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if err := w.stream.Send(&clusterpb.HTTPFrame{Body: append([]byte(nil), p...)}); err != nil {
+		w.err = err
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Flush implements http.Flusher: every write is already sent.
+func (w *streamWriter) Flush() {}
+
+func (w *streamWriter) finish() error {
+	if !w.wroteHead {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.err
+}
+
+// Forwarder sends requests to the leader.
+type Forwarder struct {
+	s *Service
+	// Wait bounds how long a request waits for a leader to be known.
+	Wait time.Duration
+}
+
+// NewForwarder returns a forwarder over s.
+func NewForwarder(s *Service) *Forwarder { return &Forwarder{s: s, Wait: 5 * time.Second} }
+
+// ErrNoLeader means no leader was known within the wait.
+var ErrNoLeader = errors.New("no leader: the coordinator group has no quorum right now")
+
+// leaderAddr waits (bounded) for the leader's link address.
+func (f *Forwarder) leaderAddr(ctx context.Context) (string, error) {
+	deadline := time.Now().Add(f.Wait)
+	for {
+		if a := f.s.LeaderLinkAddr(); a != "" && !f.s.raft.IsLeader() {
+			return a, nil
+		}
+		if f.s.raft.IsLeader() {
+			return "", nil
+		}
+		if time.Now().After(deadline) {
+			return "", ErrNoLeader
+		}
+		select {
+		case <-ctx.Done():
+			return "", ErrNoLeader
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Forward sends r to the leader and copies the answer to w. It returns
+// ErrNoLeader (nothing written) when there is none, and local=true when
+// this member became the leader meanwhile (the caller serves it itself).
+func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request) (local bool, err error) {
+	ctx := r.Context()
+	addr, err := f.leaderAddr(ctx)
+	if err != nil {
+		return false, err
+	}
+	if addr == "" {
+		return true, nil
+	}
+	c, err := f.s.client(addr)
+	if err != nil {
+		return false, ErrNoLeader
+	}
+	stream, err := c.Forward(ctx)
+	if err != nil {
+		return false, ErrNoLeader
+	}
+	head := &clusterpb.HTTPFrame{Method: r.Method, Uri: r.URL.RequestURI(), RemoteAddr: r.RemoteAddr}
+	for k, vs := range r.Header {
+		if hopByHop[k] {
+			continue
+		}
+		for _, v := range vs {
+			head.Headers = append(head.Headers, &clusterpb.Header{Name: k, Value: v})
+		}
+	}
+	head.Headers = append(head.Headers, &clusterpb.Header{Name: ForwardedHeader, Value: f.s.self.ID})
+	if err := stream.Send(head); err != nil {
+		return false, ErrNoLeader
+	}
+	// Request body, streamed (bounded).
+	var sendErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		buf := make([]byte, 32<<10)
+		body := io.LimitReader(r.Body, maxForwardBody)
+		for {
+			n, rerr := body.Read(buf)
+			if n > 0 {
+				if err := stream.Send(&clusterpb.HTTPFrame{Body: append([]byte(nil), buf[:n]...)}); err != nil {
+					sendErr = err
+					return
+				}
+			}
+			if rerr != nil {
+				stream.Send(&clusterpb.HTTPFrame{End: true})
+				stream.CloseSend()
+				return
+			}
+		}
+	})
+	defer wg.Wait()
+	first, err := stream.Recv()
+	if err != nil {
+		return false, ErrNoLeader
+	}
+	for _, h := range first.Headers {
+		if !hopByHop[h.Name] {
+			w.Header().Add(h.Name, h.Value)
+		}
+	}
+	w.WriteHeader(int(first.Status))
+	flusher, _ := w.(http.Flusher)
+	for {
+		f, err := stream.Recv()
+		if err != nil {
+			_ = sendErr
+			return false, nil // the response is written; the stream ended
+		}
+		if len(f.Body) > 0 {
+			if _, err := w.Write(f.Body); err != nil {
+				return false, nil
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+	}
+}
+
+// IsForwarded reports whether r came from another member.
+func IsForwarded(r *http.Request) bool { return strings.TrimSpace(r.Header.Get(ForwardedHeader)) != "" }
