@@ -68,6 +68,11 @@ type RaftConfig struct {
 	RetryJoin []string `toml:"retry_join"`
 	// SnapshotThreshold is the number of log entries between snapshots.
 	SnapshotThreshold uint64 `toml:"snapshot_threshold"`
+	// SnapshotInterval is how often the threshold is checked (default 2m).
+	SnapshotInterval config.Duration `toml:"snapshot_interval"`
+	// TrailingLogs is how many entries stay in the log after a snapshot
+	// (default 10240); a member further behind gets the snapshot.
+	TrailingLogs uint64 `toml:"trailing_logs"`
 }
 
 // AgentLinkConfig configures the gRPC listener agents dial.

@@ -89,6 +89,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	st, err := store.New(store.Config{
 		ID: s.cfg.Name, Dir: s.cfg.DataDir, BindAddr: s.cfg.Raft.Listen, AdvertiseAddr: s.cfg.Raft.Advertise,
 		Bootstrap: s.cfg.Raft.Bootstrap, SnapshotThreshold: s.cfg.Raft.SnapshotThreshold,
+		SnapshotInterval: s.cfg.Raft.SnapshotInterval.D(), TrailingLogs: s.cfg.Raft.TrailingLogs,
 	}, s.logger)
 	if err != nil {
 		return err
@@ -129,7 +130,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		leadership{st, members}, s.logger)
 	runner := ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D()}, st.State(), keys, svc, st, s.logger)
 	registry := ops.NewRegistry(st, keys, s.cfg.Operations.DefaultSite)
-	apiHandler := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, s.logger)
+	apiHandler := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, membership{st, members}, s.logger)
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", apiHandler)

@@ -124,6 +124,30 @@ type Agent struct {
 	Coordinator string    `json:"coordinator,omitempty"`
 }
 
+// Peer is one member of the coordinator group, with autopilot-style health.
+type Peer struct {
+	ID       string `json:"id"`
+	Address  string `json:"address"`
+	Voter    bool   `json:"voter"`
+	Leader   bool   `json:"leader"`
+	APIAddr  string `json:"api_addr,omitempty"`
+	LinkAddr string `json:"link_addr,omitempty"`
+	// Healthy: the member answers and follows the leader (last contact
+	// under 3 s, applied index close to the leader's).
+	Healthy       bool   `json:"healthy"`
+	State         string `json:"state,omitempty"`
+	Term          uint64 `json:"term,omitempty"`
+	AppliedIndex  uint64 `json:"applied_index,omitempty"`
+	LastContactMS int64  `json:"last_contact_ms"`
+	Error         string `json:"error,omitempty"`
+}
+
+// PeerRequest adds a member.
+type PeerRequest struct {
+	ID      string `json:"id"`
+	Address string `json:"address"`
+}
+
 // Status describes the coordinator that answered.
 type Status struct {
 	ID       string `json:"id"`

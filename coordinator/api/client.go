@@ -151,3 +151,49 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 	err := c.do(ctx, http.MethodGet, "/v1/status", nil, &s)
 	return s, err
 }
+
+// Peers lists the coordinator group with health.
+func (c *Client) Peers(ctx context.Context) ([]Peer, error) {
+	var ps []Peer
+	err := c.do(ctx, http.MethodGet, "/v1/operator/raft/peers", nil, &ps)
+	return ps, err
+}
+
+// AddPeer adds a voting member (its Raft address).
+func (c *Client) AddPeer(ctx context.Context, id, address string) error {
+	return c.do(ctx, http.MethodPost, "/v1/operator/raft/peers", PeerRequest{ID: id, Address: address}, nil)
+}
+
+// RemovePeer removes a member.
+func (c *Client) RemovePeer(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/operator/raft/peers/"+url.PathEscape(id), nil, nil)
+}
+
+// SnapshotSave writes the replicated state (linearizable) to w.
+func (c *Client) SnapshotSave(ctx context.Context, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/operator/snapshot", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("obmesh API %s: %w", c.base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		var eb ErrorBody
+		if json.Unmarshal(raw, &eb) == nil && eb.Error.Code != "" {
+			return &Error{StatusCode: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+		}
+		return &Error{StatusCode: resp.StatusCode, Code: CodeInternal, Message: string(raw)}
+	}
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
+
+// SnapshotRestore replaces nodes, sites and agents with a saved snapshot.
+func (c *Client) SnapshotRestore(ctx context.Context, snapshot []byte) error {
+	return c.do(ctx, http.MethodPost, "/v1/operator/snapshot", json.RawMessage(snapshot), nil)
+}

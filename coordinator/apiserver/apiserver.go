@@ -49,6 +49,13 @@ type Operator interface {
 	Receipt(id string) (api.Receipt, bool)
 }
 
+// Membership is the group membership the operator endpoints manage.
+type Membership interface {
+	Peers(ctx context.Context) ([]api.Peer, error)
+	AddVoter(ctx context.Context, id, addr string) error
+	RemoveServer(ctx context.Context, id string) error
+}
+
 // Agents reports live agent connections.
 type Agents interface {
 	Connected() []agentsvc.AgentStatus
@@ -69,13 +76,14 @@ type Server struct {
 	ops       Operator
 	agents    Agents
 	nodes     *ops.Registry
+	members   Membership
 	logger    *slog.Logger
 	mux       *http.ServeMux
 }
 
 // New returns the API handler.
-func New(cfg Config, st Store, op Operator, agents Agents, nodes *ops.Registry, logger *slog.Logger) *Server {
-	s := &Server{cfg: cfg, tokenHash: sha256.Sum256([]byte(cfg.AdminToken)), store: st, ops: op, agents: agents, nodes: nodes,
+func New(cfg Config, st Store, op Operator, agents Agents, nodes *ops.Registry, members Membership, logger *slog.Logger) *Server {
+	s := &Server{cfg: cfg, tokenHash: sha256.Sum256([]byte(cfg.AdminToken)), store: st, ops: op, agents: agents, nodes: nodes, members: members,
 		logger: logger.With("component", "api"), mux: http.NewServeMux()}
 	s.handle("POST /v1/nodes", s.registerNode)
 	s.handle("GET /v1/nodes", s.listNodes)
@@ -89,6 +97,11 @@ func New(cfg Config, st Store, op Operator, agents Agents, nodes *ops.Registry, 
 	s.handle("GET /v1/operations/{id}", s.operation)
 	s.handle("GET /v1/agents", s.listAgents)
 	s.handle("GET /v1/status", s.status)
+	s.handle("GET /v1/operator/raft/peers", s.listPeers)
+	s.handle("POST /v1/operator/raft/peers", s.addPeer)
+	s.handle("DELETE /v1/operator/raft/peers/{id}", s.removePeer)
+	s.handle("GET /v1/operator/snapshot", s.snapshotSave)
+	s.handle("POST /v1/operator/snapshot", s.snapshotRestore)
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		if !s.authorized(r) {
 			writeError(w, errUnauthorized, nil)
@@ -495,5 +508,70 @@ func (s *Server) console(w http.ResponseWriter, r *http.Request) error {
 	ws.Close(websocket.StatusNormalClosure, "console ended")
 	stop()
 	<-inputDone
+	return nil
+}
+
+func (s *Server) listPeers(w http.ResponseWriter, r *http.Request) error {
+	ps, err := s.members.Peers(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, ps)
+	return nil
+}
+
+func (s *Server) addPeer(w http.ResponseWriter, r *http.Request) error {
+	var req api.PeerRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	if !state.ValidName(req.ID) || req.Address == "" {
+		return badRequest("a peer needs an id and a Raft address (host:port)")
+	}
+	if err := s.members.AddVoter(r.Context(), req.ID, req.Address); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) removePeer(w http.ResponseWriter, r *http.Request) error {
+	if err := s.members.RemoveServer(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
+	s.store.Apply(r.Context(), state.DeleteMember{ID: r.PathValue("id")})
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// snapshotSave writes the replicated state: a linearizable read of the
+// whole state, in the format snapshots use.
+func (s *Server) snapshotSave(w http.ResponseWriter, r *http.Request) error {
+	if err := s.store.VerifyLeader(r.Context()); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Disposition", `attachment; filename="obmesh-snapshot.json"`)
+	return s.store.State().Snapshot(w)
+}
+
+// snapshotRestore replaces nodes, sites and agents through the log, so
+// every member applies the same restore.
+func (s *Server) snapshotRestore(w http.ResponseWriter, r *http.Request) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 64<<20))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		return badRequest("read snapshot: %v", err)
+	}
+	if !json.Valid(body) {
+		return badRequest("the snapshot is not JSON")
+	}
+	if _, err := s.store.Apply(r.Context(), state.RestoreState{Snapshot: body}); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

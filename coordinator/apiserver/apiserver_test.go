@@ -78,7 +78,7 @@ func newFixture(t *testing.T) *fixture {
 		return f.reply(op)
 	})
 	runner := ops.New(ops.Config{}, st.State(), keys, disp, st, logging.Discard())
-	f.srv = httptest.NewServer(New(Config{AdminToken: token}, st, runner, noAgents{}, ops.NewRegistry(st, keys, ""), logging.Discard()))
+	f.srv = httptest.NewServer(New(Config{AdminToken: token}, st, runner, noAgents{}, ops.NewRegistry(st, keys, ""), nil, logging.Discard()))
 	t.Cleanup(f.srv.Close)
 	return f
 }

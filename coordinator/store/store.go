@@ -67,11 +67,16 @@ type Config struct {
 	// SnapshotThreshold is how many log entries trigger a snapshot; zero
 	// means raft's default.
 	SnapshotThreshold uint64
+	// SnapshotInterval and TrailingLogs: zero means raft's defaults.
+	SnapshotInterval time.Duration
+	TrailingLogs     uint64
 }
 
 // Peer is a group member.
 type Peer struct {
 	ID, Addr string
+	// Voter is false for non-voting members.
+	Voter bool
 }
 
 // Store is one member of the Raft group.
@@ -113,6 +118,12 @@ func (s *Store) Open() error {
 	rc.Logger = hl
 	if s.cfg.SnapshotThreshold > 0 {
 		rc.SnapshotThreshold = s.cfg.SnapshotThreshold
+	}
+	if s.cfg.SnapshotInterval > 0 {
+		rc.SnapshotInterval = s.cfg.SnapshotInterval
+	}
+	if s.cfg.TrailingLogs > 0 {
+		rc.TrailingLogs = s.cfg.TrailingLogs
 	}
 	bs, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(s.cfg.Dir, "raft.db")})
 	if err != nil {
@@ -412,7 +423,7 @@ func (s *Store) Servers() ([]Peer, error) {
 	}
 	var out []Peer
 	for _, srv := range f.Configuration().Servers {
-		out = append(out, Peer{ID: string(srv.ID), Addr: string(srv.Address)})
+		out = append(out, Peer{ID: string(srv.ID), Addr: string(srv.Address), Voter: srv.Suffrage == raft.Voter})
 	}
 	return out, nil
 }

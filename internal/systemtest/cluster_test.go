@@ -1,0 +1,325 @@
+package systemtest
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/obmesh/obmesh/coordinator/api"
+)
+
+func TestGroup_FormServeFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process cluster test")
+	}
+	g := NewGroup(t, bin, 3, "a1", "a2")
+	leader := g.Leader(60 * time.Second)
+	g.WaitAgents(2)
+	ctx := context.Background()
+	followers := g.Followers(leader)
+
+	t.Run("any member serves every API", func(t *testing.T) {
+		f := followers[0]
+		if _, err := g.Client(f).RegisterNode(ctx, api.NodeSpec{Name: "via-follower", Driver: "mock", Password: "pw"}); err != nil {
+			t.Fatalf("write through a follower: %v", err)
+		}
+		if _, err := g.Client(followers[1]).Node(ctx, "via-follower"); err != nil {
+			t.Fatalf("linearizable read through the other follower: %v", err)
+		}
+		r, err := g.Client(f).Power(ctx, "via-follower", api.ActionOn)
+		if err != nil || r.Outcome != api.OutcomeOK {
+			t.Fatalf("power through a follower: %+v %v", r, err)
+		}
+		// The obmd API too, console stream included.
+		oc := &obmdClient{t: t, base: "http://" + f.HTTPAddr, admin: g.OBMDToken, http: newOBMDHTTP()}
+		oc.register("hil-node", `{"type":"mock","info":{"addr":"x"}}`)
+		tok := oc.token("hil-node")
+		oc2 := &obmdClient{t: t, base: "http://" + followers[1].HTTPAddr, admin: g.OBMDToken, http: newOBMDHTTP()}
+		if r := oc2.do("GET", "/node/hil-node/power_status?token="+tok, "", false); r.body != `{"power_status":"Mock Status"}`+"\n" {
+			t.Errorf("obmd power_status through a follower = %d %q", r.status, r.body)
+		}
+		lines, _ := streamConsole(t, oc2, "hil-node", tok)
+		readConsole(t, lines, 0, 20)
+		// Members record their addresses within a second or two of forming.
+		var peers []api.Peer
+		ok := waitUntil(15*time.Second, func() bool {
+			ps, err := g.Client(f).Peers(ctx)
+			if err != nil || len(ps) != 3 {
+				return false
+			}
+			peers = ps
+			for _, p := range ps {
+				if !p.Healthy || !p.Voter {
+					return false
+				}
+			}
+			return true
+		})
+		if !ok {
+			t.Errorf("list-peers never showed three healthy voters: %+v", peers)
+		}
+	})
+
+	t.Run("leader kill: no acknowledged write lost, history linearizable", func(t *testing.T) {
+		tok := (&obmdClient{t: t, base: "http://" + leader.HTTPAddr, admin: g.OBMDToken, http: newOBMDHTTP()}).token("hil-node")
+		res := runFailover(t, g, leader)
+		t.Logf("leader %s killed: first write after %v, first power operation after %v; %d writes acknowledged, %d lost",
+			leader.Name, res.firstWrite, res.firstPower, res.acked, res.lost)
+		if res.lost != 0 {
+			t.Errorf("%d acknowledged writes lost", res.lost)
+		}
+		if res.firstWrite > 20*time.Second || res.firstPower > 20*time.Second {
+			t.Errorf("recovery took too long: write %v, power %v", res.firstWrite, res.firstPower)
+		}
+		// The node token issued before the kill still works.
+		newLeader := g.Leader(30 * time.Second)
+		oc := &obmdClient{t: t, base: "http://" + newLeader.HTTPAddr, admin: g.OBMDToken, http: newOBMDHTTP()}
+		if r := oc.do("GET", "/node/hil-node/power_status?token="+tok, "", false); r.status != 200 {
+			t.Errorf("node token from before the leader kill = %d after it", r.status)
+		}
+		g.StartMember(leader) // back as a follower
+		g.Leader(30 * time.Second)
+	})
+
+	t.Run("wiped follower rejoins by snapshot", func(t *testing.T) {
+		l := g.Leader(30 * time.Second)
+		f := g.Followers(l)[0]
+		// Enough writes that the log is compacted past what f would need.
+		for i := range 120 {
+			if _, err := g.Client(l).RegisterNode(ctx, api.NodeSpec{Name: fmt.Sprintf("bulk-%d", i), Driver: "mock"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		g.Kill(f)
+		g.Wipe(f)
+		g.StartMember(f)
+		want, err := g.Client(l).Nodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		caught := waitUntil(60*time.Second, func() bool {
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(rctx, "GET", "http://"+f.HTTPAddr+"/v1/nodes?stale=true", nil)
+			req.Header.Set("Authorization", "Bearer "+g.Token)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			var got []api.Node
+			return decodeJSON(resp, &got) == nil && len(got) == len(want)
+		})
+		if !caught {
+			t.Fatalf("the wiped member did not catch up within 60s; its log:\n%s", tail(f.Proc.Log(t), 8000))
+		}
+		if testing.Verbose() && t.Failed() {
+			t.Logf("member log:\n%s", tail(f.Proc.Log(t), 6000))
+		}
+		if !strings.Contains(f.Proc.Log(t), "Installed remote snapshot") {
+			t.Errorf("the wiped member caught up without a snapshot install")
+		}
+	})
+
+	t.Run("agent killed mid-operation", func(t *testing.T) {
+		l := g.Leader(30 * time.Second)
+		c := g.Client(l)
+		if _, err := c.RegisterNode(ctx, api.NodeSpec{Name: "slow", Driver: "mock", Options: map[string]string{"delay": "5s"}}); err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			r   api.Receipt
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			r, err := c.Power(ctx, "slow", api.ActionOn)
+			done <- result{r, err}
+		}()
+		// Idle agents are picked lowest id first: a1 has it.
+		time.Sleep(500 * time.Millisecond) // let the operation reach a1 (it runs 5s)
+		a1 := g.Agents[0]
+		a1.Cmd.Process.Kill()
+		res := <-done
+		var ae *api.Error
+		if res.err == nil || !asAPIError(res.err, &ae) || ae.Receipt == nil || ae.Receipt.ID == "" ||
+			(ae.Receipt.Outcome != api.OutcomeUnknown && ae.Receipt.Outcome != api.OutcomeFailed) {
+			t.Fatalf("operation whose agent died = %+v, %v; want a definite failed/unknown outcome with a receipt", res.r, res.err)
+		}
+		if ae.Receipt.Agent != "a1" {
+			t.Errorf("the operation ran on %s, not a1", ae.Receipt.Agent)
+		}
+		r, err := c.PowerStatus(ctx, "via-follower")
+		if err != nil || r.Agent != "a2" {
+			t.Errorf("next operation = %+v %v; want it on the surviving agent a2", r, err)
+		}
+	})
+}
+
+// failover is what runFailover measured.
+type failover struct {
+	firstWrite, firstPower time.Duration
+	acked, lost            int
+}
+
+type regInput struct {
+	write bool
+	name  string
+}
+
+type regOutput struct {
+	exists  bool
+	unknown bool
+}
+
+// nodeModel: each node name is a register that becomes true when written.
+var nodeModel = porcupine.Model{
+	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+		by := map[string][]porcupine.Operation{}
+		for _, op := range h {
+			n := op.Input.(regInput).name
+			by[n] = append(by[n], op)
+		}
+		var out [][]porcupine.Operation
+		for _, ops := range by {
+			out = append(out, ops)
+		}
+		return out
+	},
+	Init: func() any { return false },
+	Step: func(st, in, out any) (bool, any) {
+		i, o := in.(regInput), out.(regOutput)
+		if i.write {
+			return true, true // a write (acknowledged or of unknown outcome) registers the name
+		}
+		return o.exists == st.(bool), st
+	},
+}
+
+// runFailover runs writers and readers against every member, kills the
+// leader after a while, and checks the recorded history.
+func runFailover(t *testing.T, g *Group, leader *Member) failover {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var history []porcupine.Operation
+	var acked []string
+	start := time.Now()
+	now := func() int64 { return int64(time.Since(start)) }
+	var killAt time.Time
+	var firstWrite, firstPower time.Duration
+	killed := make(chan struct{})
+	var wg sync.WaitGroup
+	for cl := range 3 {
+		wg.Go(func() {
+			seq := 0
+			var mine []string
+			for ctx.Err() == nil {
+				m := g.Members[rand.IntN(len(g.Members))]
+				c := api.NewClient(m.HTTPAddr, g.Token, &http.Client{Timeout: 5 * time.Second})
+				if len(mine) == 0 || rand.IntN(2) == 0 {
+					seq++
+					name := fmt.Sprintf("fo-%d-%d", cl, seq)
+					mine = append(mine, name)
+					call := now()
+					_, err := c.RegisterNode(ctx, api.NodeSpec{Name: name, Driver: "mock"})
+					ret := now()
+					op := porcupine.Operation{ClientId: cl, Input: regInput{true, name}, Call: call, Return: ret, Output: regOutput{exists: true}}
+					if err != nil {
+						op.Return, op.Output = math.MaxInt64, regOutput{unknown: true}
+					}
+					mu.Lock()
+					history = append(history, op)
+					if err == nil {
+						acked = append(acked, name)
+						select {
+						case <-killed:
+							if firstWrite == 0 {
+								firstWrite = time.Since(killAt)
+							}
+						default:
+						}
+					}
+					mu.Unlock()
+				} else {
+					name := mine[rand.IntN(len(mine))]
+					call := now()
+					_, err := c.Node(ctx, name)
+					ret := now()
+					var ae *api.Error
+					exists := err == nil
+					if err != nil && !(asAPIError(err, &ae) && ae.Code == api.CodeNotFound) {
+						continue // a failed read says nothing
+					}
+					mu.Lock()
+					history = append(history, porcupine.Operation{ClientId: cl, Input: regInput{false, name}, Call: call, Return: ret, Output: regOutput{exists: exists}})
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	// Power operations, through any live member.
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			for _, m := range g.Members {
+				if m.Proc.Exited() {
+					continue
+				}
+				c := api.NewClient(m.HTTPAddr, g.Token, &http.Client{Timeout: 5 * time.Second})
+				_, err := c.PowerStatus(ctx, "via-follower")
+				select {
+				case <-killed:
+					mu.Lock()
+					if err == nil && firstPower == 0 {
+						firstPower = time.Since(killAt)
+					}
+					mu.Unlock()
+				default:
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	})
+	time.Sleep(2 * time.Second)
+	mu.Lock()
+	killAt = time.Now()
+	mu.Unlock()
+	g.Kill(leader)
+	close(killed)
+	WaitFor(t, 30*time.Second, "a write and a power operation after the kill", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return firstWrite > 0 && firstPower > 0
+	})
+	time.Sleep(time.Second)
+	cancel()
+	wg.Wait()
+	if res := porcupine.CheckOperationsTimeout(nodeModel, history, 30*time.Second); res != porcupine.Ok {
+		t.Errorf("the history of %d operations is not linearizable (%s)", len(history), res)
+	}
+	// Every acknowledged write is present afterwards (linearizable read).
+	l := g.Leader(30 * time.Second)
+	nodes, err := g.Client(l).Nodes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, n := range nodes {
+		have[n.Name] = true
+	}
+	lost := 0
+	for _, n := range acked {
+		if !have[n] {
+			lost++
+		}
+	}
+	return failover{firstWrite: firstWrite, firstPower: firstPower, acked: len(acked), lost: lost}
+}
