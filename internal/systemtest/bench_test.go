@@ -3,6 +3,7 @@ package systemtest
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -169,4 +170,69 @@ func BenchmarkIPMISweep(b *testing.B) {
 	el := time.Since(start)
 	b.ReportMetric(float64(el.Milliseconds())/float64(sweeps), "ms/sweep")
 	b.ReportMetric(float64(n*sweeps)/el.Seconds(), "status/s")
+}
+
+// BenchmarkFailover kills the leader of a 3-coordinator group (processes on
+// loopback, two agents) once per iteration and measures the time from the
+// kill to the first acknowledged write and to the first successful power
+// operation, through whichever members are alive. Run it with -benchtime
+// 10x for ten failovers; it reports the median and the worst of each.
+func BenchmarkFailover(b *testing.B) {
+	g := NewGroup(b, bin, 3, "a1", "a2")
+	g.Leader(60 * time.Second)
+	g.WaitAgents(2)
+	ctx := context.Background()
+	l := g.Leader(30 * time.Second)
+	if _, err := g.Client(l).RegisterNode(ctx, api.NodeSpec{Name: "fo-power", Driver: "mock"}); err != nil {
+		b.Fatal(err)
+	}
+	var writes, powers []time.Duration
+	seq := 0
+	firstOK := func(op func(c *api.Client) error) time.Duration {
+		start := time.Now()
+		for {
+			for _, m := range g.Members {
+				if m.Proc.Exited() {
+					continue
+				}
+				c := api.NewClient(m.HTTPAddr, g.Token, &http.Client{Timeout: 5 * time.Second})
+				if op(c) == nil {
+					return time.Since(start)
+				}
+			}
+			if time.Since(start) > time.Minute {
+				b.Fatal("no recovery within a minute")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	for b.Loop() {
+		leader := g.Leader(60 * time.Second)
+		g.WaitAgents(2)
+		g.Kill(leader)
+		var wg sync.WaitGroup
+		var w, p time.Duration
+		wg.Go(func() {
+			w = firstOK(func(c *api.Client) error {
+				seq++
+				_, err := c.RegisterNode(ctx, api.NodeSpec{Name: fmt.Sprintf("fo-%d", seq), Driver: "mock"})
+				return err
+			})
+		})
+		wg.Go(func() {
+			p = firstOK(func(c *api.Client) error { _, err := c.PowerStatus(ctx, "fo-power"); return err })
+		})
+		wg.Wait()
+		writes, powers = append(writes, w), append(powers, p)
+		g.StartMember(leader)
+	}
+	b.StopTimer()
+	report := func(ds []time.Duration, unit string) {
+		slices.Sort(ds)
+		b.ReportMetric(float64(ds[len(ds)/2].Milliseconds()), "median-"+unit+"-ms")
+		b.ReportMetric(float64(ds[len(ds)-1].Milliseconds()), "worst-"+unit+"-ms")
+	}
+	report(writes, "write")
+	report(powers, "power")
+	b.Logf("failovers: %d; to first write %v; to first power operation %v", len(writes), writes, powers)
 }
