@@ -19,7 +19,9 @@ type membership struct {
 	members *cluster.Service
 }
 
-func (m membership) AddVoter(ctx context.Context, id, addr string) error { return m.st.AddVoter(ctx, id, addr) }
+func (m membership) AddVoter(ctx context.Context, id, addr string) error {
+	return m.st.AddVoter(ctx, id, addr)
+}
 
 func (m membership) RemoveServer(ctx context.Context, id string) error {
 	return m.st.RemoveServer(ctx, id)
