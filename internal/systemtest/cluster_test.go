@@ -164,6 +164,53 @@ func TestGroup_FormServeFailover(t *testing.T) {
 	})
 }
 
+func TestGroup_RecoverAfterLosingQuorum(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process cluster test")
+	}
+	g := NewGroup(t, bin, 3)
+	leader := g.Leader(60 * time.Second)
+	ctx := context.Background()
+	if _, err := g.Client(leader).RegisterNode(ctx, api.NodeSpec{Name: "before", Driver: "mock", Password: "pw"}); err != nil {
+		t.Fatal(err)
+	}
+	survivor := g.Followers(leader)[0]
+	// Two of three die for good: no quorum.
+	for _, m := range g.Members {
+		if m != survivor {
+			g.Kill(m)
+		}
+	}
+	c := g.Client(survivor)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	_, err := c.RegisterNode(wctx, api.NodeSpec{Name: "during", Driver: "mock"})
+	cancel()
+	var ae *api.Error
+	if !asAPIError(err, &ae) || ae.Code != api.CodeNoLeader {
+		t.Fatalf("write without quorum = %v, want %s", err, api.CodeNoLeader)
+	}
+	// docs/operations.md: stop, write peers.json, start.
+	g.Kill(survivor)
+	peers := fmt.Sprintf(`[{"id": %q, "address": %q, "non_voter": false}]`, survivor.Name, survivor.RaftAddr)
+	if err := writeFile(survivor.DataDir+"/peers.json", peers); err != nil {
+		t.Fatal(err)
+	}
+	g.StartMember(survivor)
+	WaitFor(t, 30*time.Second, "the survivor to lead alone", func() bool {
+		st, err := c.Status(ctx)
+		return err == nil && st.IsLeader
+	})
+	if _, err := c.Node(ctx, "before"); err != nil {
+		t.Errorf("node written before the loss: %v", err)
+	}
+	if _, err := c.RegisterNode(ctx, api.NodeSpec{Name: "after", Driver: "mock"}); err != nil {
+		t.Errorf("write after recovery: %v", err)
+	}
+	if !strings.Contains(survivor.Proc.Log(t), "recovered the group configuration from peers.json") {
+		t.Errorf("the survivor did not log the recovery")
+	}
+}
+
 // failover is what runFailover measured.
 type failover struct {
 	firstWrite, firstPower time.Duration

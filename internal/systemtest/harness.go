@@ -342,3 +342,5 @@ func waitUntil(timeout time.Duration, cond func() bool) bool {
 	}
 	return true
 }
+
+func writeFile(path, content string) error { return os.WriteFile(path, []byte(content), 0o600) }
