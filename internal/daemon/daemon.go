@@ -75,10 +75,16 @@ func logger(env cli.Env, level string) (*slog.Logger, error) {
 	return logging.New(env.Stderr, level)
 }
 
-func runCoordinator(ctx context.Context, env cli.Env, args []string) int {
-	fs := newFlagSet(env, "coordinator", "coordinator -config FILE")
-	path := fs.String("config", "", "coordinator config file (TOML)")
-	level := fs.String("log-level", "", "override log_level")
+// runner is what coordinator.New and agent.New return.
+type runner interface{ Run(ctx context.Context) error }
+
+// runDaemon is the shape of `obmesh coordinator` and `obmesh agent`:
+// -config FILE (strict TOML), -log-level, New, Run until a signal.
+func runDaemon[C any](ctx context.Context, env cli.Env, args []string, name, usage string,
+	load func(string) (C, error), level func(*C) *string, build func(C, *slog.Logger) (runner, error)) int {
+	fs := newFlagSet(env, name, usage)
+	path := fs.String("config", "", name+" config file (TOML)")
+	lvl := fs.String("log-level", "", "override log_level")
 	if _, err := cli.Parse(fs, args); err != nil {
 		return 2
 	}
@@ -86,57 +92,37 @@ func runCoordinator(ctx context.Context, env cli.Env, args []string) int {
 		fs.Usage()
 		return 2
 	}
-	cfg, err := coordinator.LoadConfig(*path)
+	cfg, err := load(*path)
 	if err != nil {
-		return fail(env, "coordinator", err)
+		return fail(env, name, err)
 	}
-	if *level != "" {
-		cfg.LogLevel = *level
+	if *lvl != "" {
+		*level(&cfg) = *lvl
 	}
-	log, err := logger(env, cfg.LogLevel)
+	log, err := logger(env, *level(&cfg))
 	if err != nil {
-		return fail(env, "coordinator", err)
+		return fail(env, name, err)
 	}
-	c, err := coordinator.New(cfg, log)
+	r, err := build(cfg, log)
 	if err != nil {
-		return fail(env, "coordinator", err)
+		return fail(env, name, err)
 	}
-	if err := c.Run(ctx); err != nil {
-		return fail(env, "coordinator", err)
+	if err := r.Run(ctx); err != nil {
+		return fail(env, name, err)
 	}
 	return 0
 }
 
+func runCoordinator(ctx context.Context, env cli.Env, args []string) int {
+	return runDaemon(ctx, env, args, "coordinator", "coordinator -config FILE", coordinator.LoadConfig,
+		func(c *coordinator.Config) *string { return &c.LogLevel },
+		func(c coordinator.Config, l *slog.Logger) (runner, error) { return coordinator.New(c, l) })
+}
+
 func runAgent(ctx context.Context, env cli.Env, args []string) int {
-	fs := newFlagSet(env, "agent", "agent -config FILE   (or: obmesh agent list)")
-	path := fs.String("config", "", "agent config file (TOML)")
-	level := fs.String("log-level", "", "override log_level")
-	if _, err := cli.Parse(fs, args); err != nil {
-		return 2
-	}
-	if *path == "" {
-		fs.Usage()
-		return 2
-	}
-	cfg, err := agent.LoadConfig(*path)
-	if err != nil {
-		return fail(env, "agent", err)
-	}
-	if *level != "" {
-		cfg.LogLevel = *level
-	}
-	log, err := logger(env, cfg.LogLevel)
-	if err != nil {
-		return fail(env, "agent", err)
-	}
-	a, err := agent.New(cfg, log)
-	if err != nil {
-		return fail(env, "agent", err)
-	}
-	if err := a.Run(ctx); err != nil {
-		return fail(env, "agent", err)
-	}
-	return 0
+	return runDaemon(ctx, env, args, "agent", "agent -config FILE   (or: obmesh agent list)", agent.LoadConfig,
+		func(c *agent.Config) *string { return &c.LogLevel },
+		func(c agent.Config, l *slog.Logger) (runner, error) { return agent.New(c, l) })
 }
 
 // Builtin returns the built-in driver of that name.
