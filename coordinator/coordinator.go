@@ -289,10 +289,24 @@ func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler) http
 		switch {
 		case served:
 			local.ServeHTTP(w, r) // this member became the leader meanwhile
+		case errors.Is(err, cluster.ErrLeaderLost):
+			leaderLost(w, r)
 		case err != nil:
 			noLeader(w, r)
 		}
 	})
+}
+
+// leaderLost answers a request whose leader died mid-way: the outcome is
+// unknown (a write may have committed, an operation may have run).
+func leaderLost(w http.ResponseWriter, r *http.Request) {
+	if hilproxy.Owns(r) {
+		w.WriteHeader(http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusGatewayTimeout)
+	fmt.Fprintf(w, "{\"error\":{\"code\":%q,\"message\":%q}}\n", api.CodeOutcomeUnknown, cluster.ErrLeaderLost.Error())
 }
 
 // noLeader answers when no leader can serve: JSON on the native API, the

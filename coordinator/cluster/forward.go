@@ -155,6 +155,10 @@ func NewForwarder(s *Service) *Forwarder { return &Forwarder{s: s, Wait: 5 * tim
 // ErrNoLeader means no leader was known within the wait.
 var ErrNoLeader = errors.New("no leader: the coordinator group has no quorum right now")
 
+// ErrLeaderLost means the request reached the leader, which went away before
+// answering: it may or may not have been carried out.
+var ErrLeaderLost = errors.New("the leader went away while handling the request; it may or may not have been carried out")
+
 // leaderAddr waits (bounded) for the leader's link address.
 func (f *Forwarder) leaderAddr(ctx context.Context) (string, error) {
 	deadline := time.Now().Add(f.Wait)
@@ -233,6 +237,9 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request) (local bool,
 	defer wg.Wait()
 	first, err := stream.Recv()
 	if err != nil {
+		if status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+			return false, ErrLeaderLost
+		}
 		return false, ErrNoLeader
 	}
 	for _, h := range first.Headers {
