@@ -200,9 +200,10 @@ func (s *Store) Open() error {
 	return nil
 }
 
-// HasState reports whether this server had Raft state when it opened (it
-// belongs to a group already).
-func (s *Store) HasState() bool { return s.hasState }
+// HasState reports whether this server belongs to a group: it had Raft
+// state when it opened, bootstrapped one, or has received log entries
+// since (a member that joined).
+func (s *Store) HasState() bool { return s.hasState || s.raft.LastIndex() > 0 }
 
 // BootstrapWith starts a new group of peers (this server among them). Every
 // founding member calls it with the same set. It is an error on a server
@@ -213,6 +214,10 @@ func (s *Store) BootstrapWith(peers []Peer) error {
 		servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
 	}
 	err := s.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+	if errors.Is(err, raft.ErrCantBootstrap) {
+		// State arrived meanwhile (another founder's leader reached us).
+		err = nil
+	}
 	if err == nil {
 		s.hasState = true
 	}
