@@ -17,6 +17,8 @@ import (
 
 // Member is one coordinator process of a Group.
 type Member struct {
+	// Host is the member's network namespace host (0: the test's own).
+	Host     int
 	Name     string
 	HTTPAddr string
 	LinkAddr string
@@ -35,14 +37,25 @@ type Group struct {
 	Members   []*Member
 	Agents    []*Proc
 	agentCfgs []string
+	Net       *Net
 }
 
 // NewGroup prepares n coordinators (expect n, retry_join all) and the
 // given agents (all on site "default"), and starts them.
 func NewGroup(t testing.TB, binPath string, n int, agentIDs ...string) *Group {
+	return newGroup(t, binPath, n, nil, agentIDs...)
+}
+
+// NewGroupNet is NewGroup with member i on host i of net, so tests can
+// partition members from each other.
+func NewGroupNet(t testing.TB, binPath string, net *Net, n int, agentIDs ...string) *Group {
+	return newGroup(t, binPath, n, net, agentIDs...)
+}
+
+func newGroup(t testing.TB, binPath string, n int, net *Net, agentIDs ...string) *Group {
 	t.Helper()
 	dir := t.TempDir()
-	g := &Group{t: t, Bin: binPath, Dir: dir, Token: "group-admin-token-0123456789abcdef", OBMDToken: "00112233445566778899aabbccddeeff"}
+	g := &Group{t: t, Bin: binPath, Dir: dir, Token: "group-admin-token-0123456789abcdef", OBMDToken: "00112233445566778899aabbccddeeff", Net: net}
 	tlsDir := filepath.Join(dir, "tls")
 	run := func(args ...string) {
 		if out, err := execOut(binPath, args...); err != nil {
@@ -54,8 +67,14 @@ func NewGroup(t testing.TB, binPath string, n int, agentIDs ...string) *Group {
 	var links []string
 	for i := 1; i <= n; i++ {
 		name := fmt.Sprintf("c%d", i)
-		run("tls", "cert", "create", "-coordinator", "-name", name, "-ca-dir", tlsDir, "-out", tlsDir)
 		m := &Member{Name: name, HTTPAddr: FreePort(t), LinkAddr: FreePort(t), RaftAddr: FreePort(t), DataDir: filepath.Join(dir, name)}
+		hosts := "127.0.0.1,localhost"
+		if net != nil {
+			ip := net.IP(i)
+			m.Host, m.HTTPAddr, m.LinkAddr, m.RaftAddr = i, ip+":8080", ip+":7443", ip+":7000"
+			hosts = ip
+		}
+		run("tls", "cert", "create", "-coordinator", "-name", name, "-ca-dir", tlsDir, "-out", tlsDir, "-hosts", hosts)
 		g.Members = append(g.Members, m)
 		links = append(links, m.LinkAddr)
 	}
@@ -113,6 +132,10 @@ func execOut(bin string, args ...string) ([]byte, error) {
 
 // StartMember starts (or restarts) a coordinator process.
 func (g *Group) StartMember(m *Member) {
+	if g.Net != nil && m.Host > 0 {
+		m.Proc = startCmd(g.t, g.Net.Command(m.Host, g.Bin, "coordinator", "-config", m.Config), g.Dir, m.Name)
+		return
+	}
 	m.Proc = Start(g.t, g.Bin, g.Dir, m.Name, "coordinator", "-config", m.Config)
 }
 
