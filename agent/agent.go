@@ -244,6 +244,13 @@ func (a *Agent) session(ctx context.Context, addr string, base *tls.Config) (boo
 				continue
 			}
 			a.raiseEpoch(op.Epoch)
+			if dl := time.Unix(0, op.DeadlineUnixNano); time.Now().After(dl) {
+				// Delivered after its deadline (a link that stalled and
+				// came back): the caller has given up; never run it late.
+				a.logger.Warn("refusing an operation delivered after its deadline", "op", op.Id, "late_by", time.Since(dl))
+				send(result(op.Id, time.Now(), 0, sdk.Errorf("rejected", "operation delivered %v after its deadline; not carried out", time.Since(dl).Round(time.Millisecond)), nil))
+				continue
+			}
 			octx, ocancel := context.WithDeadline(sctx, time.Unix(0, op.DeadlineUnixNano).Add(-resultMargin))
 			opsMu.Lock()
 			inflight[op.Id] = ocancel

@@ -154,6 +154,12 @@ func TestAgent_HelloOperationsAndFencing(t *testing.T) {
 	if r := recvResult(t, s); r.ErrorClass != "rejected" {
 		t.Fatalf("epoch 5 after 6 = %v, want rejected", r)
 	}
+	late := op("late", 6, "power_off")
+	late.GetOperation().DeadlineUnixNano = time.Now().Add(-time.Second).UnixNano()
+	s.Send(late)
+	if r := recvResult(t, s); r.ErrorClass != "rejected" {
+		t.Fatalf("operation delivered after its deadline = %v, want rejected", r)
+	}
 	s.Send(op("op5", 6, "explode"))
 	if r := recvResult(t, s); r.ErrorClass != "invalid_argument" {
 		t.Fatalf("unknown action = %v", r)

@@ -110,6 +110,14 @@ func (c *Client) Power(ctx context.Context, name, action string) (Receipt, error
 	return r, err
 }
 
+// PowerWithTimeout is Power with an operation timeout (a Go duration such as
+// "10s") instead of the coordinator's default.
+func (c *Client) PowerWithTimeout(ctx context.Context, name, action, timeout string) (Receipt, error) {
+	var r Receipt
+	err := c.do(ctx, http.MethodPost, nodePath(name, "/power")+"?timeout="+url.QueryEscape(timeout), PowerRequest{Action: action}, &r)
+	return r, err
+}
+
 // PowerStatus reads the power state; the receipt's State holds it.
 func (c *Client) PowerStatus(ctx context.Context, name string) (Receipt, error) {
 	var r Receipt

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/bougou/go-ipmi/pkg/bmc"
 	"github.com/bougou/go-ipmi/pkg/clock"
@@ -27,6 +28,9 @@ type IPMI struct {
 
 	hal    *mock.HAL
 	srv    *server.Server
+
+	opsMu sync.Mutex
+	ops   []Op
 	conn   *udp.Conn
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -55,6 +59,13 @@ func StartIPMI(name, addr, user, password string) (*IPMI, error) {
 	}
 	s := &IPMI{Name: name, User: user, Password: password, hal: h, conn: conn, done: make(chan struct{}),
 		Addr: conn.LocalAddr().String()}
+	// The BMC's own operation log: every power change it carried out.
+	ch := h.Chassis().(*mock.Chassis)
+	ch.SetPowerHook = func(on bool) error {
+		ch.On = on // the hook runs under the chassis lock
+		s.record(map[bool]string{true: "power on", false: "power off"}[on])
+		return nil
+	}
 	s.srv = server.NewServer(b, conn)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -63,6 +74,25 @@ func StartIPMI(name, addr, user, password string) (*IPMI, error) {
 		s.srv.Serve(ctx)
 	}()
 	return s, nil
+}
+
+// Op is one action the simulated BMC carried out.
+type Op struct {
+	At     time.Time
+	Action string
+}
+
+func (s *IPMI) record(action string) {
+	s.opsMu.Lock()
+	s.ops = append(s.ops, Op{At: time.Now(), Action: action})
+	s.opsMu.Unlock()
+}
+
+// Ops returns the BMC's operation log.
+func (s *IPMI) Ops() []Op {
+	s.opsMu.Lock()
+	defer s.opsMu.Unlock()
+	return append([]Op(nil), s.ops...)
 }
 
 // On reports the simulated chassis power.

@@ -110,7 +110,7 @@ func newGroup(t testing.TB, binPath string, n int, net *Net, agentIDs ...string)
 		ac.Coordinators = links
 		ac.LogLevel = "debug"
 		ac.TLS = agent.TLSConfig{CAFile: filepath.Join(tlsDir, "ca.pem"), CertFile: filepath.Join(tlsDir, id+".pem"), KeyFile: filepath.Join(tlsDir, id+"-key.pem")}
-		ac.Plugins.Builtin = []string{"mock"}
+		ac.Plugins.Builtin = []string{"mock", "ipmi"}
 		ac.Link.BackoffMin = config.Duration(50 * time.Millisecond)
 		ac.Link.BackoffMax = config.Duration(500 * time.Millisecond)
 		g.agentCfgs = append(g.agentCfgs, writeTOML(t, dir, id+".toml", ac))
@@ -119,6 +119,11 @@ func newGroup(t testing.TB, binPath string, n int, net *Net, agentIDs ...string)
 		g.StartMember(m)
 	}
 	for i := range agentIDs {
+		if net != nil && len(net.ns) > n+i {
+			// Agent i runs on host n+1+i, so tests can cut it off.
+			g.Agents = append(g.Agents, startCmd(t, net.Command(n+1+i, binPath, "agent", "-config", g.agentCfgs[i]), dir, agentIDs[i]))
+			continue
+		}
 		g.Agents = append(g.Agents, Start(t, binPath, dir, agentIDs[i], "agent", "-config", g.agentCfgs[i]))
 	}
 	return g

@@ -59,6 +59,9 @@ func (nt *Net) must(args ...string) {
 	}
 }
 
+// Gateway is the test process's address on the bridge.
+func (nt *Net) Gateway() string { return nt.prefix + ".1" }
+
 // IP is host i's address (1-based).
 func (nt *Net) IP(i int) string { return fmt.Sprintf("%s.%d", nt.prefix, 10+i) }
 

@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/internal/bmcsim"
 )
 
 // TestGroup_MinorityPartition cuts the leader off from the two other
@@ -97,4 +100,105 @@ func TestGroup_MinorityPartition(t *testing.T) {
 	if _, err := g.Client(old).Node(ctx, "minority"); err == nil {
 		t.Errorf("the write refused by the cut-off member exists after the heal")
 	}
+}
+
+// TestGroup_Fencing cuts an agent off with an operation on its way, forces
+// a leader change and heals: the BMC's own operation log shows the stale
+// operation never ran, and the agent serves the new leader.
+func TestGroup_Fencing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process cluster test")
+	}
+	nt := NewNet(t, 4) // hosts 1-3 coordinators, host 4 the agent
+	g := NewGroupNet(t, bin, nt, 3, "a1")
+	l1 := g.Leader(60 * time.Second)
+	g.WaitAgents(1)
+	bmc, err := bmcsim.StartIPMI("fence", nt.Gateway()+":0", "admin", "pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bmc.Close()
+	ctx := context.Background()
+	c1 := g.Client(l1)
+	if _, err := c1.RegisterNode(ctx, api.NodeSpec{Name: "f", Driver: "ipmi", Address: bmc.Addr, Username: "admin", Password: "pw"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c1.Power(ctx, "f", api.ActionOn); err != nil {
+		t.Fatal(err)
+	}
+	before := len(bmc.Ops())
+
+	// Cut the agent off, then hand it an operation (it is still healthy
+	// for up to three heartbeats).
+	for h := 1; h <= 3; h++ {
+		nt.Cut(4, h)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := powerWithTimeout(l1.HTTPAddr, g.Token, "f", api.ActionOff, "2s")
+		done <- err
+	}()
+	err = <-done
+	var ae *api.Error
+	if !asAPIError(err, &ae) || ae.Receipt == nil {
+		t.Fatalf("operation to a cut-off agent = %v, want a failure with a receipt", err)
+	}
+	t.Logf("operation to the cut-off agent: %s (%s)", ae.Receipt.Outcome, ae.Code)
+
+	// Force a leader change: the old leader loses the majority.
+	others := g.Followers(l1)
+	for _, m := range others {
+		nt.Cut(l1.Host, m.Host)
+	}
+	WaitFor(t, 30*time.Second, "a new leader", func() bool {
+		for _, m := range others {
+			sctx, cancel := context.WithTimeout(ctx, time.Second)
+			st, err := g.Client(m).Status(sctx)
+			cancel()
+			if err == nil && st.IsLeader {
+				return true
+			}
+		}
+		return false
+	})
+	// Heal everything; the stale operation may now reach the agent.
+	for h := 1; h <= 3; h++ {
+		nt.Heal(4, h)
+	}
+	for _, m := range others {
+		nt.Heal(l1.Host, m.Host)
+	}
+	l2 := g.Leader(60 * time.Second)
+	g.WaitAgents(1)
+	time.Sleep(2 * time.Second) // let anything still in flight arrive (it must not run)
+	if os.Getenv("OBMESH_DEBUG_FENCE") != "" {
+		t.Logf("agent log:\n%s", tail(g.Agents[0].Log(t), 5000))
+	}
+	for _, op := range bmc.Ops()[before:] {
+		t.Errorf("the BMC carried out %q at %v: an operation from the old epoch ran", op.Action, op.At.Format(time.StampMilli))
+	}
+	// If the stale operation reached the agent after the heal (it depends
+	// on whether the old stream's data or its reset arrived first), the
+	// agent must have refused it, not merely failed to run it.
+	stale := "op=" + ae.Receipt.ID
+	for _, line := range strings.Split(g.Agents[0].Log(t), "\n") {
+		if strings.Contains(line, stale) && !strings.Contains(line, "refusing") {
+			t.Errorf("the agent handled the stale operation without refusing it: %s", line)
+		}
+	}
+	// The agent serves the new leader.
+	if _, err := g.Client(l2).Power(ctx, "f", api.ActionOff); err != nil {
+		t.Fatalf("power off through the new leader: %v", err)
+	}
+	if ops := bmc.Ops(); len(ops) != before+1 || ops[len(ops)-1].Action != "power off" {
+		t.Errorf("BMC log after a fresh power off = %+v", ops[before:])
+	}
+}
+
+// powerWithTimeout posts a power action with ?timeout=.
+func powerWithTimeout(addr, token, node, action, timeout string) (api.Receipt, error) {
+	c := api.NewClient(addr, token, &http.Client{Timeout: 30 * time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return c.PowerWithTimeout(ctx, node, action, timeout)
 }
