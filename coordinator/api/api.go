@@ -150,8 +150,10 @@ type PeerRequest struct {
 
 // Status describes the coordinator that answered.
 type Status struct {
-	ID       string `json:"id"`
-	Leader   string `json:"leader"`
+	ID     string `json:"id"`
+	Leader string `json:"leader"`
+	// LeaderAPIAddr is the leader's API address (host:port), when known.
+	LeaderAPIAddr string `json:"leader_api_addr,omitempty"`
 	IsLeader bool   `json:"is_leader"`
 	Epoch    uint64 `json:"epoch"`
 	Version  string `json:"version"`

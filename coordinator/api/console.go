@@ -14,8 +14,17 @@ import (
 // Console opens a node's serial console (WebSocket). Reads return console
 // output; writes are typed into the console; Close ends the session. ctx
 // bounds the opening only.
+//
+// A console is a WebSocket, which members cannot forward to the leader like
+// other requests: the client asks the member it talks to where the leader
+// is and connects there.
 func (c *Client) Console(ctx context.Context, node string) (io.ReadWriteCloser, error) {
-	u := strings.Replace(c.base, "http", "ws", 1) + "/v1/nodes/" + url.PathEscape(node) + "/console"
+	base := c.base
+	if st, err := c.Status(ctx); err == nil && !st.IsLeader && st.LeaderAPIAddr != "" {
+		scheme, _, _ := strings.Cut(c.base, "://")
+		base = scheme + "://" + st.LeaderAPIAddr
+	}
+	u := strings.Replace(base, "http", "ws", 1) + "/v1/nodes/" + url.PathEscape(node) + "/console"
 	h := http.Header{}
 	h.Set("Authorization", "Bearer "+c.token)
 	ws, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: h, HTTPClient: &http.Client{Transport: c.http.Transport}})

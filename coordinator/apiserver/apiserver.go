@@ -441,7 +441,11 @@ func (s *Server) listAgents(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) status(w http.ResponseWriter, r *http.Request) error {
 	_, id := s.store.Leader()
-	writeJSON(w, http.StatusOK, api.Status{ID: s.store.ID(), Leader: id, IsLeader: s.store.IsLeader(), Epoch: s.store.Epoch(), Version: s.cfg.Version})
+	st := api.Status{ID: s.store.ID(), Leader: id, IsLeader: s.store.IsLeader(), Epoch: s.store.Epoch(), Version: s.cfg.Version}
+	if m, ok := s.store.State().Member(id); ok {
+		st.LeaderAPIAddr = m.APIAddr
+	}
+	writeJSON(w, http.StatusOK, st)
 	return nil
 }
 

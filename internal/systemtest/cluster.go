@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,7 +154,7 @@ func (g *Group) Client(m *Member) *api.Client {
 func (g *Group) Leader(timeout time.Duration) *Member {
 	g.t.Helper()
 	var leader *Member
-	WaitFor(g.t, timeout, "an agreed leader", func() bool {
+	ok := waitUntil(timeout, func() bool {
 		ids := map[string]bool{}
 		live := 0
 		for _, m := range g.Members {
@@ -177,6 +178,15 @@ func (g *Group) Leader(timeout time.Duration) *Member {
 		}
 		return leader != nil && leader.Proc != nil && !leader.Proc.Exited()
 	})
+	if !ok {
+		var logs strings.Builder
+		for _, m := range g.Members {
+			if m.Proc != nil {
+				fmt.Fprintf(&logs, "--- %s (exited %v):\n%s\n", m.Name, m.Proc.Exited(), tail(m.Proc.Log(g.t), 3000))
+			}
+		}
+		g.t.Fatalf("no agreed leader within %v\n%s", timeout, logs.String())
+	}
 	return leader
 }
 

@@ -211,6 +211,91 @@ func TestGroup_RecoverAfterLosingQuorum(t *testing.T) {
 	}
 }
 
+func TestGroup_OperatorCommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process cluster test")
+	}
+	g := NewGroup(t, bin, 3, "a1")
+	leader := g.Leader(60 * time.Second)
+	g.WaitAgents(1)
+	ctx := context.Background()
+	f := g.Followers(leader)[0]
+	cli := func(m *Member, args ...string) (string, error) {
+		cmd := commandContext(ctx, bin, args...)
+		cmd.Env = append(cmd.Environ(), "OBMESH_ADDR=http://"+m.HTTPAddr, "OBMESH_TOKEN="+g.Token)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := cli(f, "node", "register", "keep-me", "-driver", "mock"); err != nil {
+		t.Fatalf("register: %v %s", err, out)
+	}
+
+	t.Run("native console through a follower", func(t *testing.T) {
+		con, err := g.Client(f).Console(ctx, "keep-me")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer con.Close()
+		buf := make([]byte, 64)
+		n, err := con.Read(buf)
+		if err != nil || !strings.HasPrefix(string(buf[:n]), "0") {
+			t.Errorf("console through a follower = %q, %v", buf[:n], err)
+		}
+	})
+
+	t.Run("snapshot save and restore", func(t *testing.T) {
+		file := g.Dir + "/snap.json"
+		if out, err := cli(f, "snapshot", "save", file); err != nil {
+			t.Fatalf("snapshot save: %v %s", err, out)
+		}
+		if out, err := cli(f, "node", "register", "after-snapshot", "-driver", "mock"); err != nil {
+			t.Fatalf("register: %v %s", err, out)
+		}
+		if out, err := cli(f, "snapshot", "restore", file); err != nil {
+			t.Fatalf("snapshot restore: %v %s", err, out)
+		}
+		for _, m := range g.Members {
+			if _, err := g.Client(m).Node(ctx, "keep-me"); err != nil {
+				t.Errorf("%s after restore: keep-me: %v", m.Name, err)
+			}
+			if _, err := g.Client(m).Node(ctx, "after-snapshot"); err == nil {
+				t.Errorf("%s after restore still has a node registered after the snapshot", m.Name)
+			}
+		}
+	})
+
+	t.Run("remove a dead member, add it back", func(t *testing.T) {
+		g.Kill(f)
+		if out, err := cli(leader, "operator", "raft", "remove-peer", f.Name); err != nil {
+			t.Fatalf("remove-peer: %v %s", err, out)
+		}
+		out, err := cli(leader, "operator", "raft", "list-peers", "-o", "json")
+		if err != nil || strings.Contains(out, `"id": "`+f.Name+`"`) {
+			t.Fatalf("list-peers after removing %s: %v\n%s", f.Name, err, out)
+		}
+		if out, err := cli(leader, "operator", "raft", "add-peer", f.Name, f.RaftAddr); err != nil {
+			t.Fatalf("add-peer: %v %s", err, out)
+		}
+		g.StartMember(f)
+		ok := waitUntil(30*time.Second, func() bool {
+			ps, err := g.Client(leader).Peers(ctx)
+			if err != nil || len(ps) != 3 {
+				return false
+			}
+			for _, p := range ps {
+				if !p.Healthy {
+					return false
+				}
+			}
+			return true
+		})
+		if !ok {
+			out, _ := cli(leader, "operator", "raft", "list-peers")
+			t.Fatalf("the re-added member is not healthy:\n%s", out)
+		}
+	})
+}
+
 // failover is what runFailover measured.
 type failover struct {
 	firstWrite, firstPower time.Duration
