@@ -154,9 +154,9 @@ type Status struct {
 	Leader string `json:"leader"`
 	// LeaderAPIAddr is the leader's API address (host:port), when known.
 	LeaderAPIAddr string `json:"leader_api_addr,omitempty"`
-	IsLeader bool   `json:"is_leader"`
-	Epoch    uint64 `json:"epoch"`
-	Version  string `json:"version"`
+	IsLeader      bool   `json:"is_leader"`
+	Epoch         uint64 `json:"epoch"`
+	Version       string `json:"version"`
 }
 
 // ErrorBody is the JSON body of every error response.

@@ -26,11 +26,11 @@ type IPMI struct {
 	User     string
 	Password string
 
-	hal    *mock.HAL
-	srv    *server.Server
+	hal *mock.HAL
+	srv *server.Server
 
-	opsMu sync.Mutex
-	ops   []Op
+	opsMu  sync.Mutex
+	ops    []Op
 	conn   *udp.Conn
 	cancel context.CancelFunc
 	done   chan struct{}

@@ -76,7 +76,9 @@ func logger(env cli.Env, level string) (*slog.Logger, error) {
 }
 
 // runner is what coordinator.New and agent.New return.
-type runner interface{ Run(ctx context.Context) error }
+type runner interface {
+	Run(ctx context.Context) error
+}
 
 // runDaemon is the shape of `obmesh coordinator` and `obmesh agent`:
 // -config FILE (strict TOML), -log-level, New, Run until a signal.
