@@ -402,9 +402,12 @@ func (s *Server) boot(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) operation(w http.ResponseWriter, r *http.Request) error {
+	if err := s.read(r); err != nil {
+		return err
+	}
 	rec, ok := s.ops.Receipt(r.PathValue("id"))
 	if !ok {
-		return &apiError{http.StatusNotFound, api.CodeNotFound, "no recent operation with id " + r.PathValue("id") + " on this coordinator"}
+		return &apiError{http.StatusNotFound, api.CodeNotFound, "no operation with id " + r.PathValue("id") + " (receipts of status reads and consoles are kept only briefly, on the leader that ran them)"}
 	}
 	writeJSON(w, http.StatusOK, rec)
 	return nil

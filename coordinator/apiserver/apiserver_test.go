@@ -77,7 +77,7 @@ func newFixture(t *testing.T) *fixture {
 		f.ops = append(f.ops, op)
 		return f.reply(op)
 	})
-	runner := ops.New(ops.Config{}, st.State(), keys, disp, st, logging.Discard())
+	runner := ops.New(ops.Config{}, st.State(), keys, disp, st, st, logging.Discard())
 	f.srv = httptest.NewServer(New(Config{AdminToken: token}, st, runner, noAgents{}, ops.NewRegistry(st, keys, ""), nil, logging.Discard()))
 	t.Cleanup(f.srv.Close)
 	return f

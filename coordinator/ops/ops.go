@@ -6,6 +6,7 @@ package ops
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -62,9 +63,11 @@ type Request struct {
 	EFI        bool
 }
 
-// Nodes is what the runner reads node records from.
+// Nodes is what the runner reads node records (and recorded receipts)
+// from.
 type Nodes interface {
 	Node(name string) (state.Node, bool)
+	Audit(id string) (json.RawMessage, bool)
 }
 
 // Dispatcher sends operations to agents.
@@ -90,6 +93,7 @@ type Config struct {
 // Runner runs operations. It is safe for concurrent use.
 type Runner struct {
 	cfg    Config
+	audit  Applier
 	nodes  Nodes
 	keys   *seal.Keyring
 	disp   Dispatcher
@@ -100,15 +104,17 @@ type Runner struct {
 	order  []string
 }
 
-// New returns a Runner.
-func New(cfg Config, nodes Nodes, keys *seal.Keyring, disp Dispatcher, epoch Epocher, logger *slog.Logger) *Runner {
+// New returns a Runner. Receipts of operations that change something are
+// recorded through audit (nil: not recorded), so they can be looked up
+// after a leader change.
+func New(cfg Config, nodes Nodes, keys *seal.Keyring, disp Dispatcher, epoch Epocher, audit Applier, logger *slog.Logger) *Runner {
 	if cfg.DefaultTimeout == 0 {
 		cfg.DefaultTimeout = 30 * time.Second
 	}
 	if cfg.Keep == 0 {
 		cfg.Keep = 4096
 	}
-	return &Runner{cfg: cfg, nodes: nodes, keys: keys, disp: disp, epoch: epoch,
+	return &Runner{cfg: cfg, nodes: nodes, keys: keys, disp: disp, epoch: epoch, audit: audit,
 		logger: logger.With("component", "ops"), recent: map[string]api.Receipt{}}
 }
 
@@ -158,6 +164,7 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 			rec.ErrorClass, rec.Error = f.Class, f.Message
 		}
 		r.remember(rec)
+		r.record(rec)
 		r.logger.Info("operation", "id", rec.ID, "node", rec.Node, "action", rec.Action, "outcome", outcome, "agent", rec.Agent, "class", rec.ErrorClass)
 		if f != nil {
 			return rec, f
@@ -229,10 +236,44 @@ func (r *Runner) remember(rec api.Receipt) {
 	}
 }
 
-// Receipt returns a recent receipt by id.
+// record keeps the receipt of an operation that changed something in the
+// replicated audit trail before the caller sees it, so it can be looked up
+// on any member after a leader change. Reads (status, identity) and
+// consoles are not recorded.
+func (r *Runner) record(rec api.Receipt) {
+	switch rec.Action {
+	case ActPowerStatus, ActIdentity, ActConsoleOpen:
+		return
+	}
+	if r.audit == nil {
+		return
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := r.audit.Apply(ctx, state.RecordOperation{ID: rec.ID, Receipt: b}); err != nil {
+		r.logger.Warn("operation receipt not recorded", "id", rec.ID, "err", err)
+	}
+}
+
+// Receipt returns a receipt by id: a recent one from memory, else a
+// recorded one from the replicated audit trail.
 func (r *Runner) Receipt(id string) (api.Receipt, bool) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	rec, ok := r.recent[id]
-	return rec, ok
+	r.mu.Unlock()
+	if ok {
+		return rec, true
+	}
+	raw, ok := r.nodes.Audit(id)
+	if !ok {
+		return api.Receipt{}, false
+	}
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		return api.Receipt{}, false
+	}
+	return rec, true
 }

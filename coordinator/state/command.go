@@ -72,6 +72,15 @@ type RestoreState struct {
 	Snapshot json.RawMessage `json:"snapshot"`
 }
 
+// RecordOperation keeps an operation's receipt (opaque JSON) in the
+// bounded audit trail, so it can be looked up after a leader change.
+type RecordOperation struct {
+	ID      string          `json:"id"`
+	Receipt json.RawMessage `json:"receipt"`
+}
+
+func (RecordOperation) commandType() string { return "audit.record" }
+
 func (PutMember) commandType() string    { return "member.put" }
 func (DeleteMember) commandType() string { return "member.delete" }
 func (RestoreState) commandType() string { return "state.restore" }
@@ -130,6 +139,8 @@ func Decode(data []byte) (c Command, ignore bool, err error) {
 		c, err = decodeAs[SetNodeToken](env.Payload)
 	case "node.token.clear":
 		c, err = decodeAs[ClearNodeToken](env.Payload)
+	case "audit.record":
+		c, err = decodeAs[RecordOperation](env.Payload)
 	case "member.put":
 		c, err = decodeAs[PutMember](env.Payload)
 	case "member.delete":
@@ -220,6 +231,12 @@ func (s *State) apply(index uint64, c Command) Result {
 			n.Token = nil
 			n.ModifyIndex = index
 		}
+		return Result{}
+	case RecordOperation:
+		if c.ID == "" || len(c.Receipt) == 0 {
+			return Result{Err: fmt.Errorf("%w: an audit record needs an id and a receipt", ErrInvalid)}
+		}
+		s.recordAudit(c.ID, c.Receipt)
 		return Result{}
 	case PutMember:
 		if c.Member.ID == "" {

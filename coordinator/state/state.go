@@ -126,11 +126,27 @@ type State struct {
 	sites   map[string]*Site
 	agents  map[string]*Agent
 	members map[string]*Member
+	// audit is the bounded trail of operation receipts (opaque JSON), in
+	// the order they were recorded.
+	audit      map[string]json.RawMessage
+	auditOrder []string
+}
+
+// AuditLimit is how many operation receipts the state keeps.
+const AuditLimit = 2048
+
+// Audit returns a recorded operation receipt by id.
+func (s *State) Audit(id string) (json.RawMessage, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	r, ok := s.audit[id]
+	return slices.Clone(r), ok
 }
 
 // New returns an empty state.
 func New() *State {
-	return &State{nodes: map[string]*Node{}, sites: map[string]*Site{}, agents: map[string]*Agent{}, members: map[string]*Member{}}
+	return &State{nodes: map[string]*Node{}, sites: map[string]*Site{}, agents: map[string]*Agent{}, members: map[string]*Member{},
+		audit: map[string]json.RawMessage{}}
 }
 
 // Member returns a member's record.
@@ -231,6 +247,19 @@ func cloneNode(n *Node) Node {
 	return c
 }
 
+// recordAudit appends a receipt, evicting the oldest past AuditLimit.
+// Callers hold the write lock (or own a fresh state).
+func (s *State) recordAudit(id string, r json.RawMessage) {
+	if _, ok := s.audit[id]; !ok {
+		s.auditOrder = append(s.auditOrder, id)
+	}
+	s.audit[id] = r
+	for len(s.auditOrder) > AuditLimit {
+		delete(s.audit, s.auditOrder[0])
+		s.auditOrder = s.auditOrder[1:]
+	}
+}
+
 // ValidName reports whether s is acceptable as a node, site or agent name:
 // 1 to 128 characters from [A-Za-z0-9._:-], not starting with a dot.
 func ValidName(s string) bool {
@@ -270,6 +299,12 @@ type snapshot struct {
 	Sites   []*Site   `json:"sites"`
 	Agents  []*Agent  `json:"agents"`
 	Members []*Member `json:"members,omitempty"`
+	Audit   []auditEntry `json:"audit,omitempty"`
+}
+
+type auditEntry struct {
+	ID      string          `json:"id"`
+	Receipt json.RawMessage `json:"receipt"`
 }
 
 // Snapshot writes the whole state to w. The output is deterministic: equal
@@ -290,6 +325,9 @@ func (s *State) Snapshot(w io.Writer) error {
 		snap.Members = append(snap.Members, m)
 	}
 	sort.Slice(snap.Members, func(i, j int) bool { return snap.Members[i].ID < snap.Members[j].ID })
+	for _, id := range s.auditOrder {
+		snap.Audit = append(snap.Audit, auditEntry{ID: id, Receipt: s.audit[id]})
+	}
 	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].Name < snap.Nodes[j].Name })
 	sort.Slice(snap.Sites, func(i, j int) bool { return snap.Sites[i].Name < snap.Sites[j].Name })
 	sort.Slice(snap.Agents, func(i, j int) bool { return snap.Agents[i].ID < snap.Agents[j].ID })
@@ -310,6 +348,7 @@ func (s *State) Restore(r io.Reader) error {
 	}
 	s.mu.Lock()
 	s.index, s.nodes, s.sites, s.agents, s.members = ns.index, ns.nodes, ns.sites, ns.agents, ns.members
+	s.audit, s.auditOrder = ns.audit, ns.auditOrder
 	s.mu.Unlock()
 	return nil
 }
@@ -338,6 +377,9 @@ func decodeSnapshot(r io.Reader) (*State, error) {
 	}
 	for _, m := range snap.Members {
 		ns.members[m.ID] = m
+	}
+	for _, e := range snap.Audit {
+		ns.recordAudit(e.ID, e.Receipt)
 	}
 	return ns, nil
 }

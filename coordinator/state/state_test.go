@@ -17,7 +17,9 @@ func randomLog(r *rand.Rand, n int) [][]byte {
 	var log [][]byte
 	for i := range n {
 		var c Command
-		switch r.IntN(10) {
+		switch r.IntN(11) {
+		case 10:
+			c = RecordOperation{ID: fmt.Sprintf("op-%d", r.IntN(50)), Receipt: []byte(fmt.Sprintf(`{"n":%d}`, i))}
 		case 8:
 			c = PutMember{Member: Member{ID: fmt.Sprintf("c%d", r.IntN(3)), RaftAddr: fmt.Sprintf("127.0.0.1:%d", r.IntN(9))}}
 		case 9:
@@ -252,5 +254,27 @@ func TestState_RestoreCommandKeepsMembers(t *testing.T) {
 	}
 	if res, _ := s.Apply(4, enc(RestoreState{Snapshot: []byte(`{"v":99}`)})); !errors.Is(res.Err, ErrInvalid) {
 		t.Errorf("junk restore = %v", res.Err)
+	}
+}
+
+func TestState_AuditBounded(t *testing.T) {
+	s := New()
+	for i := range AuditLimit + 10 {
+		b, _ := Encode(RecordOperation{ID: fmt.Sprintf("op-%d", i), Receipt: []byte(`{}`)})
+		s.Apply(uint64(i+1), b)
+	}
+	if _, ok := s.Audit("op-0"); ok {
+		t.Errorf("the oldest receipt was not evicted")
+	}
+	if _, ok := s.Audit(fmt.Sprintf("op-%d", AuditLimit+9)); !ok {
+		t.Errorf("the newest receipt is missing")
+	}
+	var a, b bytes.Buffer
+	s.Snapshot(&a)
+	r := New()
+	r.Restore(bytes.NewReader(a.Bytes()))
+	r.Snapshot(&b)
+	if !bytes.Equal(a.Bytes(), b.Bytes()) {
+		t.Errorf("audit trail changed through snapshot and restore")
 	}
 }

@@ -412,12 +412,27 @@ func (s *Store) VerifyLeader(ctx context.Context) error {
 		if err != nil {
 			return s.notLeader()
 		}
-		return nil
+		return s.awaitApplied(ctx)
 	case <-ctx.Done():
 		// The future completes on its own (raft bounds it); the goroutine
 		// then exits through the buffered channel.
 		return ctx.Err()
 	}
+}
+
+// awaitApplied waits until everything committed so far is applied to the
+// local state (a new leader may still be applying its predecessor's
+// entries), so a read after VerifyLeader sees every acknowledged write.
+func (s *Store) awaitApplied(ctx context.Context) error {
+	commit, _ := strconv.ParseUint(s.raft.Stats()["commit_index"], 10, 64)
+	for s.raft.AppliedIndex() < commit {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // Servers lists the group's configuration.

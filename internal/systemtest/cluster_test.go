@@ -161,6 +161,16 @@ func TestGroup_FormServeFailover(t *testing.T) {
 		if err != nil || r.Agent != "a2" {
 			t.Errorf("next operation = %+v %v; want it on the surviving agent a2", r, err)
 		}
+		// The receipt can be looked up after the leader that ran the
+		// operation is gone.
+		id := ae.Receipt.ID
+		g.Kill(l)
+		nl := g.Leader(30 * time.Second)
+		got, err := g.Client(nl).Operation(ctx, id)
+		if err != nil || got.ID != id || got.Outcome != ae.Receipt.Outcome {
+			t.Errorf("receipt %s on the new leader = %+v, %v", id, got, err)
+		}
+		g.StartMember(l)
 	})
 }
 
