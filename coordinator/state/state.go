@@ -293,12 +293,12 @@ func ValidNodeName(s string) bool {
 
 // snapshot is the snapshot document.
 type snapshot struct {
-	Version int       `json:"v"`
-	Index   uint64    `json:"index"`
-	Nodes   []*Node   `json:"nodes"`
-	Sites   []*Site   `json:"sites"`
-	Agents  []*Agent  `json:"agents"`
-	Members []*Member `json:"members,omitempty"`
+	Version int          `json:"v"`
+	Index   uint64       `json:"index"`
+	Nodes   []*Node      `json:"nodes"`
+	Sites   []*Site      `json:"sites"`
+	Agents  []*Agent     `json:"agents"`
+	Members []*Member    `json:"members,omitempty"`
 	Audit   []auditEntry `json:"audit,omitempty"`
 }
 
