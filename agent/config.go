@@ -60,13 +60,13 @@ type LinkConfig struct {
 }
 
 // Builtins is the set of built-in drivers.
-var Builtins = []string{"ipmi", "mock", "dummy"}
+var Builtins = []string{"ipmi", "redfish", "mock", "dummy"}
 
 // DefaultConfig returns the defaults a config file is decoded over.
 func DefaultConfig() Config {
 	return Config{
 		LogLevel: "info",
-		Plugins:  PluginsConfig{Builtin: []string{"ipmi", "mock", "dummy"}, RestartBackoff: config.Duration(time.Second)},
+		Plugins:  PluginsConfig{Builtin: []string{"ipmi", "redfish", "mock", "dummy"}, RestartBackoff: config.Duration(time.Second)},
 		Link: LinkConfig{DialTimeout: config.Duration(10 * time.Second),
 			BackoffMin: config.Duration(200 * time.Millisecond), BackoffMax: config.Duration(10 * time.Second)},
 	}

@@ -8,11 +8,16 @@ import (
 	"time"
 
 	"github.com/obmesh/obmesh/plugins/ipmi"
+	"github.com/obmesh/obmesh/plugins/redfish"
 	"github.com/obmesh/obmesh/plugins/sdk"
 	"github.com/obmesh/obmesh/plugins/sdk/sdktest"
 )
 
+// The test binary doubles as a plugin: ipmi, or redfish when asked.
 func TestMain(m *testing.M) {
+	if os.Getenv("BMCSIM_TEST_PLUGIN") == "redfish" {
+		sdktest.ServeIfPlugin(redfish.New())
+	}
 	sdktest.ServeIfPlugin(ipmi.New())
 	os.Exit(m.Run())
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/obmesh/obmesh/plugins/dummy"
 	"github.com/obmesh/obmesh/plugins/ipmi"
 	"github.com/obmesh/obmesh/plugins/mock"
+	"github.com/obmesh/obmesh/plugins/redfish"
 	"github.com/obmesh/obmesh/plugins/sdk"
 )
 
@@ -136,6 +137,8 @@ func Builtin(name string) (sdk.Driver, bool) {
 		return dummy.New(), true
 	case "ipmi":
 		return ipmi.New(), true
+	case "redfish":
+		return redfish.New(), true
 	}
 	return nil, false
 }

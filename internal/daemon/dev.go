@@ -170,6 +170,23 @@ func runDev(ctx context.Context, env cli.Env, args []string) int {
 	for _, b := range fleet.IPMI {
 		nodes = append(nodes, api.NodeSpec{Name: b.Name, Driver: "ipmi", Address: b.Addr, Username: b.User, Password: b.Password})
 	}
+	// Simulated Redfish BMCs serve the DMTF mockups beside the checkout.
+	redfishNote := "redfish-1, redfish-2 (simulated Redfish BMCs, DMTF mockups)"
+	if dir, err := bmcsim.MockupDir("public-rackmount1"); err == nil {
+		for i := 1; i <= 2; i++ {
+			rf, err := bmcsim.StartRedfish(bmcsim.RedfishConfig{Mockup: dir, TransitionDelay: time.Second,
+				Users: map[string]bmcsim.RedfishUser{"admin": {Password: "dev-redfish-password", Role: "Administrator"}}})
+			if err != nil {
+				cancel()
+				return fail(env, "dev", err)
+			}
+			defer rf.Close()
+			nodes = append(nodes, api.NodeSpec{Name: fmt.Sprintf("redfish-%d", i), Driver: "redfish", Address: rf.URL,
+				Username: "admin", Password: "dev-redfish-password", Options: map[string]string{"ca_cert": string(rf.CACertPEM)}})
+		}
+	} else {
+		redfishNote = "no Redfish nodes (" + err.Error() + ")"
+	}
 	if err := devPopulate(ctx, addr, token, nodes); err != nil {
 		cancel()
 		return fail(env, "dev", err)
@@ -179,7 +196,7 @@ func runDev(ctx context.Context, env cli.Env, args []string) int {
 		cancel()
 		return fail(env, "dev", err)
 	}
-	printBanner(env, addr, token, strings.TrimSpace(string(obmdToken)), dir, *dataDir == "")
+	printBanner(env, addr, token, strings.TrimSpace(string(obmdToken)), redfishNote, dir, *dataDir == "")
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -220,7 +237,7 @@ func devPopulate(ctx context.Context, addr, token string, nodes []api.NodeSpec) 
 		if _, err := c.RegisterNode(wctx, n); err != nil {
 			var ae *api.Error
 			if errors.As(err, &ae) && ae.Code == api.CodeAlreadyExists {
-				if n.Driver == "ipmi" {
+				if n.Driver == "ipmi" || n.Driver == "redfish" {
 					// The simulated BMCs got new ports: re-register.
 					if err := c.DeleteNode(wctx, n.Name); err != nil {
 						return err
@@ -237,7 +254,7 @@ func devPopulate(ctx context.Context, addr, token string, nodes []api.NodeSpec) 
 	return nil
 }
 
-func printBanner(env cli.Env, addr, token, obmdToken, dir string, temp bool) {
+func printBanner(env cli.Env, addr, token, obmdToken, redfishNote, dir string, temp bool) {
 	self := "obmesh"
 	if exe, err := os.Executable(); err == nil {
 		if wd, err := os.Getwd(); err == nil {
@@ -255,7 +272,8 @@ func printBanner(env cli.Env, addr, token, obmdToken, dir string, temp bool) {
   API:          %s
   Admin token:  %s
   Data dir:     %s (%s)
-  Nodes:        mock-1, mock-2, mock-3 (mock driver); ipmi-1, ipmi-2 (simulated IPMI BMCs)
+  Nodes:        mock-1, mock-2, mock-3 (mock driver); ipmi-1, ipmi-2 (simulated IPMI BMCs);
+                %s
   obmd API:     %s/node/<name> for HIL, admin token %s
 
 In another shell:
@@ -270,5 +288,5 @@ Then try:
   %s power cycle ipmi-1
 
 Press Ctrl-C to stop.
-`, addr, token, dir, kept, addr, obmdToken, addr, token, self, self, self)
+`, addr, token, dir, kept, redfishNote, addr, obmdToken, addr, token, self, self, self)
 }
