@@ -2,6 +2,8 @@ package systemtest
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net/http"
 	"os"
@@ -11,6 +13,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stmcginnis/gofish"
+	gfredfish "github.com/stmcginnis/gofish/redfish"
 
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/internal/bmcsim"
@@ -235,4 +240,58 @@ func BenchmarkFailover(b *testing.B) {
 	report(writes, "write")
 	report(powers, "power")
 	b.Logf("failovers: %d; to first write %v; to first power operation %v", len(writes), writes, powers)
+}
+
+// BenchmarkRedfish compares a power-status read on a simulated Redfish BMC
+// through the whole obmesh path, with gofish called directly on a reused
+// session, and with gofish logging in and out for every read.
+func BenchmarkRedfish(b *testing.B) {
+	dir, err := bmcsim.MockupDir("public-rackmount1")
+	if err != nil {
+		b.Skip(err)
+	}
+	rf, err := bmcsim.StartRedfish(bmcsim.RedfishConfig{Mockup: dir, MaxSessions: 1 << 20,
+		Users: map[string]bmcsim.RedfishUser{"admin": {Password: "pw", Role: "Administrator"}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rf.Close()
+	sys := rf.Systems()[0]
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(rf.CACertPEM)
+	hc := func() *http.Client {
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	}
+	connect := func() (*gofish.APIClient, error) {
+		return gofish.ConnectContext(context.Background(), gofish.ClientConfig{Endpoint: rf.URL, Username: "admin", Password: "pw", HTTPClient: hc(), ReuseConnections: true})
+	}
+	b.Run("status/obmesh", func(b *testing.B) {
+		p := StartInProc(b, bin, "")
+		c := p.Client()
+		ctx := context.Background()
+		if _, err := c.RegisterNode(ctx, api.NodeSpec{Name: "rf", Driver: "redfish", Address: rf.URL, Username: "admin", Password: "pw",
+			Options: map[string]string{"ca_cert": string(rf.CACertPEM)}}); err != nil {
+			b.Fatal(err)
+		}
+		measure(b, func() error { _, err := c.PowerStatus(ctx, "rf"); return err })
+	})
+	b.Run("status/gofish-session-reused", func(b *testing.B) {
+		client, err := connect()
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer client.Logout()
+		measure(b, func() error { _, err := gfredfish.GetComputerSystem(client, sys); return err })
+	})
+	b.Run("status/gofish-session-per-read", func(b *testing.B) {
+		measure(b, func() error {
+			client, err := connect()
+			if err != nil {
+				return err
+			}
+			defer client.Logout()
+			_, err = gfredfish.GetComputerSystem(client, sys)
+			return err
+		})
+	})
 }
