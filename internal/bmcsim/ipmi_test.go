@@ -3,6 +3,7 @@ package bmcsim
 import (
 	"context"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -87,4 +88,11 @@ func TestIPMI_IndependentStateAndEcho(t *testing.T) {
 	if !strings.Contains(got.String(), "sim-2 login:") {
 		t.Errorf("console output %q lacks the banner", got.String())
 	}
+}
+
+// sdkSelf re-runs this test binary as the redfish plugin.
+func sdkSelf() *exec.Cmd {
+	cmd := sdktest.SelfCommand()
+	cmd.Env = append(cmd.Env, "BMCSIM_TEST_PLUGIN=redfish")
+	return cmd
 }

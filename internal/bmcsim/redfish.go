@@ -45,6 +45,14 @@ type RedfishQuirks struct {
 	// NotReadyAfterOff: for this long after a power-off completes, power
 	// actions are refused with 409 ("not ready yet").
 	NotReadyAfterOff time.Duration
+	// UniqueDestinations: a second subscription to the same destination is
+	// refused (iDRAC).
+	UniqueDestinations bool
+	// EventTypesRequired: a subscription without EventTypes is refused
+	// (some HPE); EventTypesRejected: one with EventTypes is refused
+	// (newer services: PropertyUnknown).
+	EventTypesRequired bool
+	EventTypesRejected bool
 }
 
 // RedfishConfig configures a simulated Redfish BMC.
@@ -80,6 +88,13 @@ type Redfish struct {
 	sessions        map[string]*rfSession // by token
 	sessionsCreated int
 	ops             []Op
+
+	subs           []*rfSub
+	nextSub        int
+	nextEvent      int
+	pushed         []map[string]any
+	deliveries     sync.WaitGroup
+	deliveryClient *http.Client
 }
 
 type rfSystem struct {
@@ -118,7 +133,8 @@ func StartRedfish(cfg RedfishConfig) (*Redfish, error) {
 	if cfg.MaxSessions == 0 {
 		cfg.MaxSessions = 16
 	}
-	r := &Redfish{cfg: cfg, docs: map[string]map[string]any{}, systems: map[string]*rfSystem{}, sessions: map[string]*rfSession{}}
+	r := &Redfish{cfg: cfg, docs: map[string]map[string]any{}, systems: map[string]*rfSystem{}, sessions: map[string]*rfSession{},
+		deliveryClient: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}}
 	if err := r.load(); err != nil {
 		return nil, err
 	}
@@ -159,8 +175,11 @@ func selfSigned() (tls.Certificate, []byte, error) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, der, nil
 }
 
-// Close stops the BMC.
-func (r *Redfish) Close() { r.srv.Close() }
+// Close stops the BMC and waits for event deliveries in flight.
+func (r *Redfish) Close() {
+	r.srv.Close()
+	r.deliveries.Wait()
+}
 
 func (r *Redfish) load() error {
 	root := r.cfg.Mockup
@@ -338,6 +357,13 @@ func (r *Redfish) serve(w http.ResponseWriter, req *http.Request) {
 		rfError(w, http.StatusUnauthorized, "NoValidSession", "authentication required")
 		return
 	}
+	if req.Method != http.MethodGet && r.cfg.Users[user].Role == "ReadOnly" {
+		rfError(w, http.StatusForbidden, "InsufficientPrivilege", "the account may only read")
+		return
+	}
+	if strings.HasPrefix(path, "/redfish/v1/EventService/") && r.serveEvents(w, req, path) {
+		return
+	}
 	if req.Method == http.MethodGet {
 		r.get(w, path)
 		return
@@ -385,6 +411,15 @@ func (r *Redfish) get(w http.ResponseWriter, path string) {
 		writeJSON(w, http.StatusOK, out)
 		return
 	}
+	if id, isSession := strings.CutPrefix(path, "/redfish/v1/SessionService/Sessions/"); isSession {
+		for _, s := range r.sessions {
+			if s.id == id {
+				writeJSON(w, http.StatusOK, sessionDoc(s))
+				return
+			}
+		}
+		ok = false
+	}
 	if !ok {
 		rfError(w, http.StatusNotFound, "ResourceMissingAtURI", path+" does not exist")
 		return
@@ -430,13 +465,17 @@ func (r *Redfish) login(w http.ResponseWriter, req *http.Request) {
 	id := fmt.Sprint(r.sessionsCreated)
 	r.sessions[tok] = &rfSession{id: id, user: body.UserName}
 	r.mu.Unlock()
-	loc := "/redfish/v1/SessionService/Sessions/" + id
 	w.Header().Set("X-Auth-Token", tok)
 	if !r.cfg.Quirks.NoLocation {
-		w.Header().Set("Location", loc)
+		w.Header().Set("Location", "/redfish/v1/SessionService/Sessions/"+id)
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{"@odata.id": loc, "@odata.type": "#Session.v1_8_0.Session",
-		"Id": id, "Name": "User Session", "UserName": body.UserName})
+	writeJSON(w, http.StatusCreated, sessionDoc(&rfSession{id: id, user: body.UserName}))
+}
+
+// sessionDoc is a session as the BMC shows it (never with the password).
+func sessionDoc(s *rfSession) map[string]any {
+	return map[string]any{"@odata.id": "/redfish/v1/SessionService/Sessions/" + s.id, "@odata.type": "#Session.v1_8_0.Session",
+		"Id": s.id, "Name": "User Session", "UserName": s.user}
 }
 
 func (r *Redfish) logout(w http.ResponseWriter, path string) {
@@ -504,6 +543,8 @@ func (r *Redfish) reset(w http.ResponseWriter, req *http.Request, system string)
 		}
 	}
 	r.record(system + " " + body.ResetType)
+	msg := map[bool]string{true: "ResourceEvent.1.4.ResourcePoweringOn", false: "ResourceEvent.1.4.ResourcePoweringOff"}[s.target == "On" || (s.target == "" && s.power == "On")]
+	r.publishLocked("StatusChange", msg, fmt.Sprintf("%s: %s", system, body.ResetType), system)
 	w.WriteHeader(http.StatusNoContent)
 }
 
