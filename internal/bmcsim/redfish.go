@@ -237,6 +237,14 @@ func asSlice(v any) []any { s, _ := v.([]any); return s }
 // SessionsCreated counts logins.
 func (r *Redfish) SessionsCreated() int { r.mu.Lock(); defer r.mu.Unlock(); return r.sessionsCreated }
 
+// DropSessions forgets every session, as a BMC reboot or a session
+// timeout does: clients get 401 on their next request.
+func (r *Redfish) DropSessions() {
+	r.mu.Lock()
+	r.sessions = map[string]*rfSession{}
+	r.mu.Unlock()
+}
+
 // SessionsOpen counts sessions not logged out.
 func (r *Redfish) SessionsOpen() int { r.mu.Lock(); defer r.mu.Unlock(); return len(r.sessions) }
 

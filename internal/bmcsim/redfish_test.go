@@ -218,3 +218,63 @@ func TestRedfish_SeveralSystems(t *testing.T) {
 		t.Errorf("acting on %s changed %s", systems[1], systems[0])
 	}
 }
+
+func TestRedfish_SessionEdgeCases(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	status := func(b sdk.BMC) error { _, err := b.(sdk.PowerGetter).PowerState(ctx); return err }
+
+	t.Run("a dropped session is replaced once", func(t *testing.T) {
+		r := startRF(t, "public-rackmount1", RedfishQuirks{}, 0)
+		b := openRF(t, redfish.New(), r)
+		if err := status(b); err != nil {
+			t.Fatal(err)
+		}
+		r.DropSessions()
+		if err := status(b); err != nil {
+			t.Fatalf("after the BMC dropped the session: %v", err)
+		}
+		if n := r.SessionsCreated(); n != 2 {
+			t.Errorf("sessions created = %d, want 2 (one re-login)", n)
+		}
+	})
+	t.Run("basic auth option opens no session", func(t *testing.T) {
+		r := startRF(t, "public-rackmount1", RedfishQuirks{}, 0)
+		b, err := redfish.New().Open(ctx, rfNode(r, map[string]string{"basic_auth": "true"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		if err := status(b); err != nil {
+			t.Fatal(err)
+		}
+		if n := r.SessionsCreated(); n != 0 {
+			t.Errorf("basic auth created %d sessions", n)
+		}
+	})
+	t.Run("session exhaustion is busy, not retried", func(t *testing.T) {
+		dir, err := MockupDir("public-rackmount1")
+		if err != nil {
+			t.Skip(err)
+		}
+		r, err := StartRedfish(RedfishConfig{Mockup: dir, MaxSessions: 1,
+			Users: map[string]RedfishUser{"admin": {Password: "s3cret", Role: "Administrator"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		b1, _ := redfish.New().Open(ctx, rfNode(r, nil))
+		defer b1.Close()
+		if err := status(b1); err != nil {
+			t.Fatal(err)
+		}
+		b2, _ := redfish.New().Open(ctx, rfNode(r, nil)) // another driver: its own session
+		defer b2.Close()
+		if err := status(b2); !errors.Is(err, sdk.ErrBusy) {
+			t.Errorf("with sessions exhausted: %v, want ErrBusy", err)
+		}
+		if n := r.SessionsCreated(); n != 1 {
+			t.Errorf("sessions created = %d; a refused login must not be retried", n)
+		}
+	})
+}
