@@ -42,6 +42,11 @@ func Build(dir string) (string, error) {
 	return filepath.Join(dir, "obmesh"), nil
 }
 
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
 // FreePort returns a loopback address with a port that was free a moment
 // ago. Ports come from 20000-31999, below Linux's ephemeral range, so a port
 // handed to a child process cannot be taken meanwhile by a test elsewhere
@@ -49,7 +54,17 @@ func Build(dir string) (string, error) {
 func FreePort(t testing.TB) string {
 	t.Helper()
 	for range 100 {
-		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		port := 20000 + rand.IntN(12000)
+		// A port handed out is not bound until its process starts: never
+		// hand it out twice.
+		portsMu.Lock()
+		taken := portsGiven[port]
+		portsGiven[port] = true
+		portsMu.Unlock()
+		if taken {
+			continue
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			continue

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -64,9 +65,21 @@ func python() string {
 
 // freeTCPUDP picks a port free for both TCP and UDP, below the ephemeral
 // range so nothing binding ":0" takes it meanwhile.
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
 func freeTCPUDP() int {
 	for {
 		p := 20000 + rand.IntN(12000)
+		portsMu.Lock()
+		taken := portsGiven[p]
+		portsGiven[p] = true
+		portsMu.Unlock()
+		if taken {
+			continue
+		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err != nil {
 			continue
