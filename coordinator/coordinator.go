@@ -5,11 +5,13 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -285,12 +287,21 @@ func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler) http
 			noLeader(w, r)
 			return
 		}
-		served, err := fw.Forward(w, r)
+		// An operation gets its id here, so this member can name it even
+		// if the leader dies while running it.
+		var opID string
+		if r.Method != http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/nodes/") {
+			opID = agentsvc.NewOperationID()
+		}
+		served, err := fw.Forward(w, r, opID)
 		switch {
 		case served:
+			if opID != "" {
+				r.Header.Set(api.OperationIDHeader, opID)
+			}
 			local.ServeHTTP(w, r) // this member became the leader meanwhile
 		case errors.Is(err, cluster.ErrLeaderLost):
-			leaderLost(w, r)
+			leaderLost(w, r, opID)
 		case err != nil:
 			noLeader(w, r)
 		}
@@ -299,14 +310,20 @@ func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler) http
 
 // leaderLost answers a request whose leader died mid-way: the outcome is
 // unknown (a write may have committed, an operation may have run).
-func leaderLost(w http.ResponseWriter, r *http.Request) {
+func leaderLost(w http.ResponseWriter, r *http.Request, opID string) {
 	if hilproxy.Owns(r) {
 		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
+	var body api.ErrorBody
+	body.Error.Code, body.Error.Message = api.CodeOutcomeUnknown, cluster.ErrLeaderLost.Error()
+	if opID != "" {
+		body.Error.Message += "; look the operation up by its receipt id " + opID
+		body.Receipt = &api.Receipt{ID: opID, Outcome: api.OutcomeUnknown, Error: cluster.ErrLeaderLost.Error()}
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusGatewayTimeout)
-	fmt.Fprintf(w, "{\"error\":{\"code\":%q,\"message\":%q}}\n", api.CodeOutcomeUnknown, cluster.ErrLeaderLost.Error())
+	json.NewEncoder(w).Encode(body)
 }
 
 // noLeader answers when no leader can serve: JSON on the native API, the

@@ -168,6 +168,10 @@ type ErrorBody struct {
 	Receipt *Receipt `json:"receipt,omitempty"`
 }
 
+// OperationIDHeader carries the id a member chose for an operation it
+// forwards to the leader.
+const OperationIDHeader = "X-Obmesh-Operation-Id"
+
 // Stable error codes.
 const (
 	CodeInvalidArgument = "invalid_argument"

@@ -355,6 +355,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req ops.Request) er
 		return err
 	}
 	defer cancel()
+	req.ID = r.Header.Get(api.OperationIDHeader)
 	rec, err := s.ops.Do(ctx, req)
 	if err != nil {
 		if rec.ID == "" {

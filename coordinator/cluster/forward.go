@@ -180,10 +180,15 @@ func (f *Forwarder) leaderAddr(ctx context.Context) (string, error) {
 	}
 }
 
+// OperationIDHeader is the header naming a forwarded operation's id (the
+// same as api.OperationIDHeader; cluster does not import the API types).
+const OperationIDHeader = "X-Obmesh-Operation-Id"
+
 // Forward sends r to the leader and copies the answer to w. It returns
 // ErrNoLeader (nothing written) when there is none, and local=true when
 // this member became the leader meanwhile (the caller serves it itself).
-func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request) (local bool, err error) {
+// opID, if set, is sent as the operation's id.
+func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, opID string) (local bool, err error) {
 	ctx := r.Context()
 	addr, err := f.leaderAddr(ctx)
 	if err != nil {
@@ -210,6 +215,9 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request) (local bool,
 		}
 	}
 	head.Headers = append(head.Headers, &clusterpb.Header{Name: ForwardedHeader, Value: f.s.self.ID})
+	if opID != "" {
+		head.Headers = append(head.Headers, &clusterpb.Header{Name: OperationIDHeader, Value: opID})
+	}
 	if err := stream.Send(head); err != nil {
 		return false, ErrNoLeader
 	}

@@ -56,6 +56,10 @@ var ErrNodeNotFound = errors.New("node not found")
 
 // Request is one operation.
 type Request struct {
+	// ID, if set, is the operation's id (a member that forwarded the
+	// request chose it, so it can name the operation even if the leader
+	// dies); otherwise one is drawn.
+	ID         string
 	Node       string
 	Action     string // an Act* constant
 	BootDevice string
@@ -154,7 +158,11 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		return api.Receipt{}, nil, fmt.Errorf("node %q: %w", req.Node, ErrNodeNotFound)
 	}
 	start := time.Now()
-	rec := api.Receipt{ID: agentsvc.NewOperationID(), Node: n.Name, Action: req.Action, Site: n.Site, StartedAt: start.UTC()}
+	id := req.ID
+	if !ValidOperationID(id) || r.known(id) {
+		id = agentsvc.NewOperationID()
+	}
+	rec := api.Receipt{ID: id, Node: n.Name, Action: req.Action, Site: n.Site, StartedAt: start.UTC()}
 	finish := func(outcome string, f *Failure) (api.Receipt, error) {
 		end := time.Now()
 		rec.Outcome = outcome
@@ -189,6 +197,17 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 			Username: n.Username, Password: password, Options: n.Options},
 	}
 	rec.Epoch = op.Epoch
+	// An operation that changes something is recorded before it is sent:
+	// if this leader dies now, the new one answers a lookup of its id with
+	// "unknown" instead of "no such operation".
+	if changes(req.Action) && r.audit != nil {
+		pending := rec
+		pending.Outcome, pending.Error = api.OutcomeUnknown, "sent to an agent; no result recorded (the coordinator that ran it was lost)"
+		if err := r.recordReceipt(ctx, pending); err != nil {
+			rec, err := finish(api.OutcomeFailed, &Failure{Class: "no_leader", Message: "could not record the operation before running it: " + err.Error()})
+			return rec, nil, err
+		}
+	}
 	var res agentsvc.Result
 	var cs *agentsvc.ConsoleStream
 	var err error
@@ -241,22 +260,60 @@ func (r *Runner) remember(rec api.Receipt) {
 // on any member after a leader change. Reads (status, identity) and
 // consoles are not recorded.
 func (r *Runner) record(rec api.Receipt) {
-	switch rec.Action {
-	case ActPowerStatus, ActIdentity, ActConsoleOpen:
-		return
-	}
-	if r.audit == nil {
-		return
-	}
-	b, err := json.Marshal(rec)
-	if err != nil {
+	if !changes(rec.Action) || r.audit == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := r.audit.Apply(ctx, state.RecordOperation{ID: rec.ID, Receipt: b}); err != nil {
+	if err := r.recordReceipt(ctx, rec); err != nil {
 		r.logger.Warn("operation receipt not recorded", "id", rec.ID, "err", err)
 	}
+}
+
+func (r *Runner) recordReceipt(ctx context.Context, rec api.Receipt) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	_, err = r.audit.Apply(ctx, state.RecordOperation{ID: rec.ID, Receipt: b})
+	return err
+}
+
+// known reports whether an operation id is taken (a client cannot reuse
+// one to overwrite another operation's receipt).
+func (r *Runner) known(id string) bool {
+	r.mu.Lock()
+	_, ok := r.recent[id]
+	r.mu.Unlock()
+	if ok {
+		return true
+	}
+	_, ok = r.nodes.Audit(id)
+	return ok
+}
+
+// changes reports whether an action changes something (and so is
+// recorded); reads and consoles are not.
+func changes(action string) bool {
+	switch action {
+	case ActPowerStatus, ActIdentity, ActConsoleOpen:
+		return false
+	}
+	return true
+}
+
+// ValidOperationID reports whether s looks like an operation id
+// ("op-" and 24 hex digits).
+func ValidOperationID(s string) bool {
+	if len(s) != 27 || s[:3] != "op-" {
+		return false
+	}
+	for _, c := range s[3:] {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // Receipt returns a receipt by id: a recent one from memory, else a

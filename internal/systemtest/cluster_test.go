@@ -274,6 +274,35 @@ func TestGroup_OperatorCommands(t *testing.T) {
 		}
 	})
 
+	t.Run("leader dies mid-operation: outcome unknown, receipt found later", func(t *testing.T) {
+		l := g.Leader(30 * time.Second)
+		fl := g.Followers(l)[0]
+		if out, err := cli(fl, "node", "register", "slow", "-driver", "mock", "-option", "delay=3s"); err != nil {
+			t.Fatalf("register: %v %s", err, out)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := g.Client(fl).Power(ctx, "slow", api.ActionOn)
+			done <- err
+		}()
+		time.Sleep(time.Second) // the operation runs 3 s on the agent
+		g.Kill(l)
+		err := <-done
+		var ae *api.Error
+		if !asAPIError(err, &ae) || ae.Code != api.CodeOutcomeUnknown || ae.Receipt == nil || ae.Receipt.ID == "" {
+			t.Fatalf("operation whose leader died = %v, want outcome_unknown with a receipt id", err)
+		}
+		nl := g.Leader(30 * time.Second)
+		got, err := g.Client(nl).Operation(ctx, ae.Receipt.ID)
+		if err != nil || got.ID != ae.Receipt.ID || got.Outcome != api.OutcomeUnknown || got.Node != "slow" {
+			t.Errorf("lookup on the new leader = %+v, %v; want the recorded operation, outcome unknown", got, err)
+		}
+		g.StartMember(l)
+		g.Leader(30 * time.Second)
+		leader = g.Leader(30 * time.Second)
+		f = g.Followers(leader)[0]
+	})
+
 	t.Run("remove a dead member, add it back", func(t *testing.T) {
 		g.Kill(f)
 		if out, err := cli(leader, "operator", "raft", "remove-peer", f.Name); err != nil {
