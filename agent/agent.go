@@ -45,6 +45,52 @@ type Agent struct {
 
 	highestEpoch atomic.Uint64
 	connected    atomic.Bool
+
+	// Operations outlive the link they arrived on: a result whose link
+	// died is kept and sent on the next link, so a new leader learns how
+	// an operation of its predecessor ended.
+	opsWG    sync.WaitGroup
+	outMu    sync.Mutex
+	outSend  func(*agentpb.AgentMessage) error // the current link's sender, nil between links
+	late     []*agentpb.AgentMessage
+	opsMu    sync.Mutex
+	inflight map[string]context.CancelFunc
+}
+
+// maxLate bounds the results kept for the next link.
+const maxLate = 256
+
+// deliver sends a result on the current link, or keeps it for the next.
+func (a *Agent) deliver(m *agentpb.AgentMessage) {
+	a.outMu.Lock()
+	defer a.outMu.Unlock()
+	if a.outSend != nil && a.outSend(m) == nil {
+		return
+	}
+	a.late = append(a.late, m)
+	if len(a.late) > maxLate {
+		a.late = a.late[len(a.late)-maxLate:]
+	}
+}
+
+// attach makes send the current link's sender and flushes kept results.
+func (a *Agent) attach(send func(*agentpb.AgentMessage) error) {
+	a.outMu.Lock()
+	defer a.outMu.Unlock()
+	a.outSend = send
+	for len(a.late) > 0 {
+		if send(a.late[0]) != nil {
+			return
+		}
+		a.logger.Info("sent a result kept from a previous link", "op", a.late[0].GetResult().GetId())
+		a.late = a.late[1:]
+	}
+}
+
+func (a *Agent) detach() {
+	a.outMu.Lock()
+	a.outSend = nil
+	a.outMu.Unlock()
 }
 
 // New validates cfg and returns an agent. It does no I/O beyond listing the
@@ -70,7 +116,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	logger = logger.With("agent", cfg.ID)
-	return &Agent{cfg: cfg, logger: logger,
+	return &Agent{cfg: cfg, logger: logger, inflight: map[string]context.CancelFunc{},
 		host: pluginhost.New(pluginhost.Config{Commands: cmds, RestartBackoff: cfg.Plugins.RestartBackoff.D()}, logger)}, nil
 }
 
@@ -95,6 +141,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	hctx, hcancel := context.WithCancel(context.Background())
 	wg.Go(func() { a.host.Run(hctx) })
 	defer func() {
+		a.opsWG.Wait() // operations end with ctx (their parent) before the plugins stop
 		hcancel()
 		wg.Wait()
 	}()
@@ -106,7 +153,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if next != "" {
 			addr, next = next, "" // the leader a follower pointed to
 		}
-		welcomed, err := a.session(ctx, addr, tlsCfg)
+		welcomed, err := a.session(ctx, ctx, addr, tlsCfg)
 		var rd *redirectError
 		if errors.As(err, &rd) && rd.leader != "" && rd.leader != addr {
 			next = rd.leader
@@ -147,7 +194,7 @@ func (e *redirectError) Is(t error) bool { return t == errRedirect }
 
 // session runs one link to addr. It reports whether the coordinator
 // welcomed the agent.
-func (a *Agent) session(ctx context.Context, addr string, base *tls.Config) (bool, error) {
+func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Config) (bool, error) {
 	tc := base.Clone()
 	tc.ServerName = a.cfg.TLS.ServerName
 	if tc.ServerName == "" {
@@ -208,7 +255,9 @@ func (a *Agent) session(ctx context.Context, addr string, base *tls.Config) (boo
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	defer cancel() // runs before wg.Wait: ends heartbeats and operations
+	defer cancel() // runs before wg.Wait: ends heartbeats and consoles
+	a.attach(send)
+	defer a.detach()
 	hb := time.Duration(w.HeartbeatIntervalMs) * time.Millisecond
 	if hb <= 0 {
 		hb = 2 * time.Second
@@ -228,8 +277,6 @@ func (a *Agent) session(ctx context.Context, addr string, base *tls.Config) (boo
 			}
 		}
 	})
-	var opsMu sync.Mutex
-	inflight := map[string]context.CancelFunc{}
 	for {
 		m, err := stream.Recv()
 		if err != nil {
@@ -251,31 +298,40 @@ func (a *Agent) session(ctx context.Context, addr string, base *tls.Config) (boo
 				send(result(op.Id, time.Now(), 0, sdk.Errorf("rejected", "operation delivered %v after its deadline; not carried out", time.Since(dl).Round(time.Millisecond)), nil))
 				continue
 			}
-			octx, ocancel := context.WithDeadline(sctx, time.Unix(0, op.DeadlineUnixNano).Add(-resultMargin))
-			opsMu.Lock()
-			inflight[op.Id] = ocancel
-			opsMu.Unlock()
-			wg.Go(func() {
-				defer func() {
-					opsMu.Lock()
-					delete(inflight, op.Id)
-					opsMu.Unlock()
-					ocancel()
-				}()
-				if op.Action == "console_open" {
+			deadline := time.Unix(0, op.DeadlineUnixNano).Add(-resultMargin)
+			if op.Action == "console_open" {
+				// A console lives on this link.
+				octx, ocancel := context.WithDeadline(sctx, deadline)
+				wg.Go(func() {
+					defer ocancel()
 					if res := a.console(octx, sctx, cc, op); res != nil {
 						send(res)
 					}
-					return
-				}
-				send(a.execute(octx, op))
+				})
+				continue
+			}
+			// Other operations run to their end even if this link drops:
+			// half-done BMC work is not abandoned, and the result goes out
+			// on whichever link is up when it is ready.
+			octx, ocancel := context.WithDeadline(runCtx, deadline)
+			a.opsMu.Lock()
+			a.inflight[op.Id] = ocancel
+			a.opsMu.Unlock()
+			a.opsWG.Go(func() {
+				defer func() {
+					a.opsMu.Lock()
+					delete(a.inflight, op.Id)
+					a.opsMu.Unlock()
+					ocancel()
+				}()
+				a.deliver(a.execute(octx, op))
 			})
 		case m.GetCancel() != nil:
-			opsMu.Lock()
-			if c, ok := inflight[m.GetCancel().Id]; ok {
+			a.opsMu.Lock()
+			if c, ok := a.inflight[m.GetCancel().Id]; ok {
 				c()
 			}
-			opsMu.Unlock()
+			a.opsMu.Unlock()
 		case m.GetRedirect() != nil:
 			return true, &redirectError{leader: m.GetRedirect().Leader}
 		}

@@ -128,9 +128,11 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	self := cluster.Self{ID: s.cfg.Name, RaftAddr: st.RaftAddr(), APIAddr: httpLn.Addr().String(), LinkAddr: linkAdv}
 	members := cluster.New(self, st, clientTLS, s.logger)
 	defer members.Close()
-	svc := agentsvc.New(agentsvc.Config{ID: s.cfg.Name, Heartbeat: s.cfg.AgentLink.Heartbeat.D(), AgentWait: s.cfg.AgentLink.AgentWait.D()},
+	var runner *ops.Runner
+	svc := agentsvc.New(agentsvc.Config{ID: s.cfg.Name, Heartbeat: s.cfg.AgentLink.Heartbeat.D(), AgentWait: s.cfg.AgentLink.AgentWait.D(),
+		OnLateResult: func(agent string, r *agentpb.OperationResult) { runner.RecordLate(agent, r) }},
 		leadership{st, members}, s.logger)
-	runner := ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D()}, st.State(), keys, svc, st, st, s.logger)
+	runner = ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D()}, st.State(), keys, svc, st, st, s.logger)
 	registry := ops.NewRegistry(st, keys, s.cfg.Operations.DefaultSite)
 	apiHandler := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, membership{st, members}, s.logger)
 

@@ -66,6 +66,10 @@ type Config struct {
 	// connect before failing; zero means 5s (bounded by the caller's
 	// deadline).
 	AgentWait time.Duration
+	// OnLateResult, if set, receives results for operations this
+	// coordinator is not waiting for (sent by an agent after the link they
+	// were dispatched on broke, typically under a previous leader).
+	OnLateResult func(agentID string, r *agentpb.OperationResult)
 }
 
 // Service implements agentpb.AgentLinkServer.
@@ -208,13 +212,19 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 			}
 			c.mu.Lock()
 			c.lastContact = time.Now()
+			var late *agentpb.OperationResult
 			if r := m.GetResult(); r != nil {
 				if ch, ok := c.pending[r.Id]; ok {
 					ch <- r
 					delete(c.pending, r.Id)
+				} else {
+					late = r
 				}
 			}
 			c.mu.Unlock()
+			if late != nil && s.cfg.OnLateResult != nil {
+				s.cfg.OnLateResult(c.id, late)
+			}
 		}
 	}()
 	select {

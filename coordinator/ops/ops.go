@@ -292,6 +292,34 @@ func (r *Runner) known(id string) bool {
 	return ok
 }
 
+// RecordLate completes the recorded receipt of an operation whose result
+// arrived after the coordinator that sent it was lost (an agent keeps such
+// results and sends them on its next link). Results for operations that
+// were not recorded, or whose receipt already has an outcome, are ignored.
+func (r *Runner) RecordLate(agent string, res *agentpb.OperationResult) {
+	raw, ok := r.nodes.Audit(res.Id)
+	if !ok {
+		return
+	}
+	var rec api.Receipt
+	if json.Unmarshal(raw, &rec) != nil || rec.Outcome != api.OutcomeUnknown {
+		return
+	}
+	rec.Agent, rec.FinishedAt = agent, time.Now().UTC()
+	rec.Timings = append(rec.Timings, api.Timing{Hop: "agent", DurationMS: ms(time.Duration(res.AgentNs))}, api.Timing{Hop: "plugin", DurationMS: ms(time.Duration(res.PluginNs))})
+	rec.Outcome, rec.ErrorClass, rec.Error = api.OutcomeOK, "", ""
+	if !res.Ok {
+		rec.Outcome, rec.ErrorClass, rec.Error = api.OutcomeFailed, res.ErrorClass, res.ErrorMessage
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.recordReceipt(ctx, rec); err != nil {
+		r.logger.Warn("late operation result not recorded", "id", rec.ID, "err", err)
+		return
+	}
+	r.logger.Info("late operation result recorded", "id", rec.ID, "node", rec.Node, "outcome", rec.Outcome, "agent", agent)
+}
+
 // changes reports whether an action changes something (and so is
 // recorded); reads and consoles are not.
 func changes(action string) bool {
