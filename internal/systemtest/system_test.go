@@ -203,6 +203,44 @@ func TestSystem_TwoProcesses(t *testing.T) {
 	})
 }
 
+// TestSystem_AgentCrashLeavesNoPlugins: an agent killed with SIGKILL
+// cannot stop its plugins; they notice and exit on their own.
+func TestSystem_AgentCrashLeavesNoPlugins(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	c := NewCluster(t, bin, repoRoot(t))
+	c.StartCoordinator()
+	c.StartAgent()
+	waitAgentHealthy(t, c)
+	plugins := Children(c.Agent.Cmd.Process.Pid)
+	if len(plugins) == 0 {
+		t.Fatal("the agent runs no plugin processes")
+	}
+	c.Agent.Cmd.Process.Kill()
+	WaitFor(t, 10*time.Second, "orphaned plugins to exit", func() bool {
+		for _, pid := range plugins {
+			if syscall.Kill(pid, 0) == nil && !strings.Contains(procState(pid), "Z") {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// procState is the state letter of a process ("Z" for a zombie).
+func procState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2 : i+3]
+	}
+	return ""
+}
+
 func pluginPidOrZero(c *Cluster, driver string) int {
 	for _, pid := range Children(c.Agent.Cmd.Process.Pid) {
 		if strings.Contains(Cmdline(pid), "plugin "+driver) {

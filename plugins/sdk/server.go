@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
@@ -32,6 +33,7 @@ const pluginName = "driver"
 // stdout, serves the driver over gRPC and returns when the host goes away.
 // It is what a plugin's main calls.
 func Serve(d Driver) {
+	go exitWithParent()
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: Handshake,
 		Plugins:         plugin.PluginSet{pluginName: &grpcPlugin{impl: d}},
@@ -40,6 +42,20 @@ func Serve(d Driver) {
 			Name: d.Info().Name, Output: os.Stderr, JSONFormat: true, Level: hclog.Info,
 		}),
 	})
+}
+
+// exitWithParent ends the plugin process when its host dies without
+// stopping it (a crash, SIGKILL, the OOM killer): the process is then
+// re-parented, and an orphaned driver must not keep BMC sessions open. It
+// runs for the life of the process.
+func exitWithParent() {
+	parent := os.Getppid()
+	for {
+		time.Sleep(500 * time.Millisecond)
+		if os.Getppid() != parent {
+			os.Exit(1)
+		}
+	}
 }
 
 // grpcPlugin adapts a Driver to go-plugin. On the plugin side impl is set; on
