@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/obmesh/obmesh/agent"
@@ -112,45 +111,14 @@ func runDev(ctx context.Context, env cli.Env, args []string) int {
 	if err != nil {
 		return fail(env, "dev", err)
 	}
-	coord, err := coordinator.New(cc, log)
-	if err != nil {
-		return fail(env, "dev", err)
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	errc := make(chan error, 2)
-	wg.Go(func() {
-		if err := coord.Run(ctx); err != nil {
-			errc <- fmt.Errorf("coordinator: %w", err)
-		}
-		cancel()
-	})
-	select {
-	case <-coord.Ready():
-	case err := <-errc:
-		return fail(env, "dev", err)
-	}
-	lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
-	err = coord.Store().WaitForLeader(lctx)
-	lcancel()
+	local, err := StartLocal(ctx, cc, ac, log)
 	if err != nil {
-		cancel()
 		return fail(env, "dev", err)
 	}
-	ac.Coordinators = []string{coord.LinkAddr()}
-	ag, err := agent.New(ac, log)
-	if err != nil {
-		cancel()
-		return fail(env, "dev", err)
-	}
-	wg.Go(func() {
-		if err := ag.Run(ctx); err != nil {
-			errc <- fmt.Errorf("agent: %w", err)
-		}
-		cancel()
-	})
+	defer local.Stop()
+	coord := local.Coord
 	tokenBytes, err := os.ReadFile(cc.HTTP.AdminTokenFile)
 	if err != nil {
 		cancel()
@@ -199,16 +167,14 @@ func runDev(ctx context.Context, env cli.Env, args []string) int {
 	printBanner(env, addr, token, strings.TrimSpace(string(obmdToken)), redfishNote, dir, *dataDir == "")
 	select {
 	case <-ctx.Done():
-	case err := <-errc:
-		cancel()
-		wg.Wait()
+	case err := <-local.Err():
+		local.Stop()
 		return fail(env, "dev", err)
 	}
 	fmt.Fprintln(env.Stderr, "obmesh dev: stopping...")
-	cancel()
-	wg.Wait()
+	local.Stop()
 	select {
-	case err := <-errc:
+	case err := <-local.Err():
 		return fail(env, "dev", err)
 	default:
 	}

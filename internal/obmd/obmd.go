@@ -12,10 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"time"
 
-	"github.com/obmesh/obmesh/agent"
 	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/hilproxy"
 	"github.com/obmesh/obmesh/internal/daemon"
@@ -70,37 +68,12 @@ func Run(ctx context.Context, c Config, o Options) error {
 	gate := make(chan struct{})
 	cc.HTTP.Gate = gate
 
-	coord, err := coordinator.New(cc, log)
+	local, err := daemon.StartLocal(ctx, cc, ac, log)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	errc := make(chan error, 2)
-	wg.Go(func() {
-		if err := coord.Run(ctx); err != nil {
-			errc <- err
-		}
-		cancel()
-	})
-	select {
-	case <-coord.Ready():
-	case err := <-errc:
-		return err
-	}
-	ac.Coordinators = []string{coord.LinkAddr()}
-	ag, err := agent.New(ac, log)
-	if err != nil {
-		return err
-	}
-	wg.Go(func() {
-		if err := ag.Run(ctx); err != nil {
-			errc <- err
-		}
-		cancel()
-	})
+	defer local.Stop()
+	coord := local.Coord
 	if c.DBPath != ":memory:" {
 		if _, err := os.Stat(filepath.Join(dir, importedMarker)); errors.Is(err, os.ErrNotExist) {
 			if err := importDB(ctx, coord, c.DBPath, dir, fresh, log); err != nil {
@@ -116,7 +89,7 @@ func Run(ctx context.Context, c Config, o Options) error {
 	select {
 	case <-ctx.Done():
 		return nil
-	case err := <-errc:
+	case err := <-local.Err():
 		return err
 	}
 }
