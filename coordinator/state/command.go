@@ -148,6 +148,10 @@ func Decode(data []byte) (c Command, ignore bool, err error) {
 	case "state.restore":
 		c, err = decodeAs[RestoreState](env.Payload)
 	default:
+		var ok bool
+		if c, ok, err = decodeEventCommand(env); ok {
+			break
+		}
 		if env.IgnoreIfUnknown {
 			return nil, true, nil
 		}
@@ -196,6 +200,9 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 }
 
 func (s *State) apply(index uint64, c Command) Result {
+	if r, ok := s.applyEvent(index, c); ok {
+		return r
+	}
 	switch c := c.(type) {
 	case RegisterNode:
 		n := c.Node
@@ -254,12 +261,14 @@ func (s *State) apply(index uint64, c Command) Result {
 			return Result{Err: fmt.Errorf("%w: %v", ErrInvalid, err)}
 		}
 		s.nodes, s.sites, s.agents = ns.nodes, ns.sites, ns.agents
+		s.ev = ns.ev
 		return Result{}
 	case DeleteNode:
 		if _, ok := s.nodes[c.Name]; !ok {
 			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}
 		}
 		delete(s.nodes, c.Name)
+		s.cascadeNodeDelete(c.Name, 0)
 		return Result{}
 	case PutSite:
 		if !ValidName(c.Name) {

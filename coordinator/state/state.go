@@ -130,6 +130,8 @@ type State struct {
 	// the order they were recorded.
 	audit      map[string]json.RawMessage
 	auditOrder []string
+	// ev holds event subscriptions (events.go).
+	ev events
 }
 
 // AuditLimit is how many operation receipts the state keeps.
@@ -146,7 +148,7 @@ func (s *State) Audit(id string) (json.RawMessage, bool) {
 // New returns an empty state.
 func New() *State {
 	return &State{nodes: map[string]*Node{}, sites: map[string]*Site{}, agents: map[string]*Agent{}, members: map[string]*Member{},
-		audit: map[string]json.RawMessage{}}
+		audit: map[string]json.RawMessage{}, ev: newEvents()}
 }
 
 // Member returns a member's record.
@@ -300,6 +302,7 @@ type snapshot struct {
 	Agents  []*Agent     `json:"agents"`
 	Members []*Member    `json:"members,omitempty"`
 	Audit   []auditEntry `json:"audit,omitempty"`
+	eventSnapshot
 }
 
 type auditEntry struct {
@@ -311,7 +314,7 @@ type auditEntry struct {
 // states give equal bytes.
 func (s *State) Snapshot(w io.Writer) error {
 	s.mu.RLock()
-	snap := snapshot{Version: Version, Index: s.index}
+	snap := snapshot{Version: Version, Index: s.index, eventSnapshot: s.snapshotEvents()}
 	for _, n := range s.nodes {
 		snap.Nodes = append(snap.Nodes, n)
 	}
@@ -349,6 +352,7 @@ func (s *State) Restore(r io.Reader) error {
 	s.mu.Lock()
 	s.index, s.nodes, s.sites, s.agents, s.members = ns.index, ns.nodes, ns.sites, ns.agents, ns.members
 	s.audit, s.auditOrder = ns.audit, ns.auditOrder
+	s.ev = ns.ev
 	s.mu.Unlock()
 	return nil
 }
@@ -380,6 +384,9 @@ func decodeSnapshot(r io.Reader) (*State, error) {
 	}
 	for _, e := range snap.Audit {
 		ns.recordAudit(e.ID, e.Receipt)
+	}
+	if err := ns.restoreEvents(snap.eventSnapshot); err != nil {
+		return nil, err
 	}
 	return ns, nil
 }
