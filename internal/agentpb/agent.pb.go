@@ -113,6 +113,8 @@ type AgentMessage struct {
 	//	*AgentMessage_Hello
 	//	*AgentMessage_Result
 	//	*AgentMessage_Heartbeat
+	//	*AgentMessage_RelayReport
+	//	*AgentMessage_RelayEvent
 	Msg           isAgentMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -182,6 +184,24 @@ func (x *AgentMessage) GetHeartbeat() *Heartbeat {
 	return nil
 }
 
+func (x *AgentMessage) GetRelayReport() *RelayReport {
+	if x != nil {
+		if x, ok := x.Msg.(*AgentMessage_RelayReport); ok {
+			return x.RelayReport
+		}
+	}
+	return nil
+}
+
+func (x *AgentMessage) GetRelayEvent() *RelayEvent {
+	if x != nil {
+		if x, ok := x.Msg.(*AgentMessage_RelayEvent); ok {
+			return x.RelayEvent
+		}
+	}
+	return nil
+}
+
 type isAgentMessage_Msg interface {
 	isAgentMessage_Msg()
 }
@@ -198,11 +218,23 @@ type AgentMessage_Heartbeat struct {
 	Heartbeat *Heartbeat `protobuf:"bytes,3,opt,name=heartbeat,proto3,oneof"`
 }
 
+type AgentMessage_RelayReport struct {
+	RelayReport *RelayReport `protobuf:"bytes,4,opt,name=relay_report,json=relayReport,proto3,oneof"`
+}
+
+type AgentMessage_RelayEvent struct {
+	RelayEvent *RelayEvent `protobuf:"bytes,5,opt,name=relay_event,json=relayEvent,proto3,oneof"`
+}
+
 func (*AgentMessage_Hello) isAgentMessage_Msg() {}
 
 func (*AgentMessage_Result) isAgentMessage_Msg() {}
 
 func (*AgentMessage_Heartbeat) isAgentMessage_Msg() {}
+
+func (*AgentMessage_RelayReport) isAgentMessage_Msg() {}
+
+func (*AgentMessage_RelayEvent) isAgentMessage_Msg() {}
 
 type CoordinatorMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -212,6 +244,7 @@ type CoordinatorMessage struct {
 	//	*CoordinatorMessage_Operation
 	//	*CoordinatorMessage_Cancel
 	//	*CoordinatorMessage_Redirect
+	//	*CoordinatorMessage_RelayConfig
 	Msg           isCoordinatorMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -290,6 +323,15 @@ func (x *CoordinatorMessage) GetRedirect() *Redirect {
 	return nil
 }
 
+func (x *CoordinatorMessage) GetRelayConfig() *RelayConfig {
+	if x != nil {
+		if x, ok := x.Msg.(*CoordinatorMessage_RelayConfig); ok {
+			return x.RelayConfig
+		}
+	}
+	return nil
+}
+
 type isCoordinatorMessage_Msg interface {
 	isCoordinatorMessage_Msg()
 }
@@ -310,6 +352,10 @@ type CoordinatorMessage_Redirect struct {
 	Redirect *Redirect `protobuf:"bytes,4,opt,name=redirect,proto3,oneof"`
 }
 
+type CoordinatorMessage_RelayConfig struct {
+	RelayConfig *RelayConfig `protobuf:"bytes,5,opt,name=relay_config,json=relayConfig,proto3,oneof"`
+}
+
 func (*CoordinatorMessage_Welcome) isCoordinatorMessage_Msg() {}
 
 func (*CoordinatorMessage_Operation) isCoordinatorMessage_Msg() {}
@@ -317,6 +363,8 @@ func (*CoordinatorMessage_Operation) isCoordinatorMessage_Msg() {}
 func (*CoordinatorMessage_Cancel) isCoordinatorMessage_Msg() {}
 
 func (*CoordinatorMessage_Redirect) isCoordinatorMessage_Msg() {}
+
+func (*CoordinatorMessage_RelayConfig) isCoordinatorMessage_Msg() {}
 
 // Hello announces the agent.
 type Hello struct {
@@ -326,9 +374,13 @@ type Hello struct {
 	Drivers []*Driver              `protobuf:"bytes,3,rep,name=drivers,proto3" json:"drivers,omitempty"`
 	Version string                 `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
 	// highest_epoch is the highest leader epoch the agent has seen.
-	HighestEpoch  uint64 `protobuf:"varint,5,opt,name=highest_epoch,json=highestEpoch,proto3" json:"highest_epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HighestEpoch uint64 `protobuf:"varint,5,opt,name=highest_epoch,json=highestEpoch,proto3" json:"highest_epoch,omitempty"`
+	// relay_url is the base URL of the agent's event relay (empty when the
+	// agent runs none); relay_fingerprint the SHA-256 of its certificate.
+	RelayUrl         string `protobuf:"bytes,6,opt,name=relay_url,json=relayUrl,proto3" json:"relay_url,omitempty"`
+	RelayFingerprint string `protobuf:"bytes,7,opt,name=relay_fingerprint,json=relayFingerprint,proto3" json:"relay_fingerprint,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -394,6 +446,20 @@ func (x *Hello) GetHighestEpoch() uint64 {
 		return x.HighestEpoch
 	}
 	return 0
+}
+
+func (x *Hello) GetRelayUrl() string {
+	if x != nil {
+		return x.RelayUrl
+	}
+	return ""
+}
+
+func (x *Hello) GetRelayFingerprint() string {
+	if x != nil {
+		return x.RelayFingerprint
+	}
+	return ""
 }
 
 type Driver struct {
@@ -718,8 +784,14 @@ type Operation struct {
 	Efi        bool   `protobuf:"varint,7,opt,name=efi,proto3" json:"efi,omitempty"`
 	// deadline_unix_nano bounds the operation on the agent.
 	DeadlineUnixNano int64 `protobuf:"varint,8,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// event is set for the event actions: "event_capabilities",
+	// "event_list", "event_subscribe", "event_unsubscribe",
+	// "event_set_context", "event_resume", "event_test".
+	Event *EventRequest `protobuf:"bytes,9,opt,name=event,proto3" json:"event,omitempty"`
+	// relay is set for "relay_dead_letters" and "relay_replay" (no node).
+	Relay         *RelayRequest `protobuf:"bytes,10,opt,name=relay,proto3" json:"relay,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Operation) Reset() {
@@ -808,6 +880,20 @@ func (x *Operation) GetDeadlineUnixNano() int64 {
 	return 0
 }
 
+func (x *Operation) GetEvent() *EventRequest {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *Operation) GetRelay() *RelayRequest {
+	if x != nil {
+		return x.Relay
+	}
+	return nil
+}
+
 type Cancel struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -864,8 +950,10 @@ type OperationResult struct {
 	RawState     string            `protobuf:"bytes,6,opt,name=raw_state,json=rawState,proto3" json:"raw_state,omitempty"`
 	Identity     map[string]string `protobuf:"bytes,7,rep,name=identity,proto3" json:"identity,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// agent_ns is the time the agent spent, plugin_ns the part in the plugin.
-	AgentNs       int64 `protobuf:"varint,8,opt,name=agent_ns,json=agentNs,proto3" json:"agent_ns,omitempty"`
-	PluginNs      int64 `protobuf:"varint,9,opt,name=plugin_ns,json=pluginNs,proto3" json:"plugin_ns,omitempty"`
+	AgentNs       int64        `protobuf:"varint,8,opt,name=agent_ns,json=agentNs,proto3" json:"agent_ns,omitempty"`
+	PluginNs      int64        `protobuf:"varint,9,opt,name=plugin_ns,json=pluginNs,proto3" json:"plugin_ns,omitempty"`
+	Event         *EventResult `protobuf:"bytes,10,opt,name=event,proto3" json:"event,omitempty"`
+	Relay         *RelayResult `protobuf:"bytes,11,opt,name=relay,proto3" json:"relay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -963,6 +1051,1486 @@ func (x *OperationResult) GetPluginNs() int64 {
 	return 0
 }
 
+func (x *OperationResult) GetEvent() *EventResult {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *OperationResult) GetRelay() *RelayResult {
+	if x != nil {
+		return x.Relay
+	}
+	return nil
+}
+
+// EventRequest carries the arguments of an event action. Header values in
+// spec are plaintext: they only cross the link inside an operation, over
+// mutual TLS, like the BMC password.
+type EventRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uri           string                 `protobuf:"bytes,1,opt,name=uri,proto3" json:"uri,omitempty"`
+	Context       string                 `protobuf:"bytes,2,opt,name=context,proto3" json:"context,omitempty"`
+	Spec          *EventSpec             `protobuf:"bytes,3,opt,name=spec,proto3" json:"spec,omitempty"`
+	Test          *TestEvent             `protobuf:"bytes,4,opt,name=test,proto3" json:"test,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventRequest) Reset() {
+	*x = EventRequest{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventRequest) ProtoMessage() {}
+
+func (x *EventRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventRequest.ProtoReflect.Descriptor instead.
+func (*EventRequest) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *EventRequest) GetUri() string {
+	if x != nil {
+		return x.Uri
+	}
+	return ""
+}
+
+func (x *EventRequest) GetContext() string {
+	if x != nil {
+		return x.Context
+	}
+	return ""
+}
+
+func (x *EventRequest) GetSpec() *EventSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *EventRequest) GetTest() *TestEvent {
+	if x != nil {
+		return x.Test
+	}
+	return nil
+}
+
+type EventSpec struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	Destination         string                 `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	Context             string                 `protobuf:"bytes,2,opt,name=context,proto3" json:"context,omitempty"`
+	EventTypes          []string               `protobuf:"bytes,3,rep,name=event_types,json=eventTypes,proto3" json:"event_types,omitempty"`
+	RegistryPrefixes    []string               `protobuf:"bytes,4,rep,name=registry_prefixes,json=registryPrefixes,proto3" json:"registry_prefixes,omitempty"`
+	ResourceTypes       []string               `protobuf:"bytes,5,rep,name=resource_types,json=resourceTypes,proto3" json:"resource_types,omitempty"`
+	Headers             map[string]string      `protobuf:"bytes,6,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	DeliveryRetryPolicy string                 `protobuf:"bytes,7,opt,name=delivery_retry_policy,json=deliveryRetryPolicy,proto3" json:"delivery_retry_policy,omitempty"`
+	Quirks              []string               `protobuf:"bytes,8,rep,name=quirks,proto3" json:"quirks,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *EventSpec) Reset() {
+	*x = EventSpec{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventSpec) ProtoMessage() {}
+
+func (x *EventSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventSpec.ProtoReflect.Descriptor instead.
+func (*EventSpec) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *EventSpec) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *EventSpec) GetContext() string {
+	if x != nil {
+		return x.Context
+	}
+	return ""
+}
+
+func (x *EventSpec) GetEventTypes() []string {
+	if x != nil {
+		return x.EventTypes
+	}
+	return nil
+}
+
+func (x *EventSpec) GetRegistryPrefixes() []string {
+	if x != nil {
+		return x.RegistryPrefixes
+	}
+	return nil
+}
+
+func (x *EventSpec) GetResourceTypes() []string {
+	if x != nil {
+		return x.ResourceTypes
+	}
+	return nil
+}
+
+func (x *EventSpec) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *EventSpec) GetDeliveryRetryPolicy() string {
+	if x != nil {
+		return x.DeliveryRetryPolicy
+	}
+	return ""
+}
+
+func (x *EventSpec) GetQuirks() []string {
+	if x != nil {
+		return x.Quirks
+	}
+	return nil
+}
+
+type TestEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	EventType     string                 `protobuf:"bytes,1,opt,name=event_type,json=eventType,proto3" json:"event_type,omitempty"`
+	MessageId     string                 `protobuf:"bytes,2,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	Severity      string                 `protobuf:"bytes,4,opt,name=severity,proto3" json:"severity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TestEvent) Reset() {
+	*x = TestEvent{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TestEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TestEvent) ProtoMessage() {}
+
+func (x *TestEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TestEvent.ProtoReflect.Descriptor instead.
+func (*TestEvent) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TestEvent) GetEventType() string {
+	if x != nil {
+		return x.EventType
+	}
+	return ""
+}
+
+func (x *TestEvent) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+func (x *TestEvent) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *TestEvent) GetSeverity() string {
+	if x != nil {
+		return x.Severity
+	}
+	return ""
+}
+
+type EventCapabilities struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	ServiceEnabled      bool                   `protobuf:"varint,1,opt,name=service_enabled,json=serviceEnabled,proto3" json:"service_enabled,omitempty"`
+	Version             string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	EventTypes          []string               `protobuf:"bytes,3,rep,name=event_types,json=eventTypes,proto3" json:"event_types,omitempty"`
+	RegistryPrefixes    []string               `protobuf:"bytes,4,rep,name=registry_prefixes,json=registryPrefixes,proto3" json:"registry_prefixes,omitempty"`
+	ResourceTypes       []string               `protobuf:"bytes,5,rep,name=resource_types,json=resourceTypes,proto3" json:"resource_types,omitempty"`
+	EventTypesRequired  bool                   `protobuf:"varint,6,opt,name=event_types_required,json=eventTypesRequired,proto3" json:"event_types_required,omitempty"`
+	DeliveryRetryPolicy bool                   `protobuf:"varint,7,opt,name=delivery_retry_policy,json=deliveryRetryPolicy,proto3" json:"delivery_retry_policy,omitempty"`
+	TestEvent           bool                   `protobuf:"varint,8,opt,name=test_event,json=testEvent,proto3" json:"test_event,omitempty"`
+	Resume              bool                   `protobuf:"varint,9,opt,name=resume,proto3" json:"resume,omitempty"`
+	MaxSubscriptions    int32                  `protobuf:"varint,10,opt,name=max_subscriptions,json=maxSubscriptions,proto3" json:"max_subscriptions,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *EventCapabilities) Reset() {
+	*x = EventCapabilities{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventCapabilities) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventCapabilities) ProtoMessage() {}
+
+func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventCapabilities.ProtoReflect.Descriptor instead.
+func (*EventCapabilities) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *EventCapabilities) GetServiceEnabled() bool {
+	if x != nil {
+		return x.ServiceEnabled
+	}
+	return false
+}
+
+func (x *EventCapabilities) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *EventCapabilities) GetEventTypes() []string {
+	if x != nil {
+		return x.EventTypes
+	}
+	return nil
+}
+
+func (x *EventCapabilities) GetRegistryPrefixes() []string {
+	if x != nil {
+		return x.RegistryPrefixes
+	}
+	return nil
+}
+
+func (x *EventCapabilities) GetResourceTypes() []string {
+	if x != nil {
+		return x.ResourceTypes
+	}
+	return nil
+}
+
+func (x *EventCapabilities) GetEventTypesRequired() bool {
+	if x != nil {
+		return x.EventTypesRequired
+	}
+	return false
+}
+
+func (x *EventCapabilities) GetDeliveryRetryPolicy() bool {
+	if x != nil {
+		return x.DeliveryRetryPolicy
+	}
+	return false
+}
+
+func (x *EventCapabilities) GetTestEvent() bool {
+	if x != nil {
+		return x.TestEvent
+	}
+	return false
+}
+
+func (x *EventCapabilities) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
+}
+
+func (x *EventCapabilities) GetMaxSubscriptions() int32 {
+	if x != nil {
+		return x.MaxSubscriptions
+	}
+	return 0
+}
+
+type BMCSubscription struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Uri              string                 `protobuf:"bytes,1,opt,name=uri,proto3" json:"uri,omitempty"`
+	Id               string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Destination      string                 `protobuf:"bytes,3,opt,name=destination,proto3" json:"destination,omitempty"`
+	Context          string                 `protobuf:"bytes,4,opt,name=context,proto3" json:"context,omitempty"`
+	Protocol         string                 `protobuf:"bytes,5,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	State            string                 `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	SubscriptionType string                 `protobuf:"bytes,7,opt,name=subscription_type,json=subscriptionType,proto3" json:"subscription_type,omitempty"`
+	EventTypes       []string               `protobuf:"bytes,8,rep,name=event_types,json=eventTypes,proto3" json:"event_types,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *BMCSubscription) Reset() {
+	*x = BMCSubscription{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BMCSubscription) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BMCSubscription) ProtoMessage() {}
+
+func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BMCSubscription.ProtoReflect.Descriptor instead.
+func (*BMCSubscription) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *BMCSubscription) GetUri() string {
+	if x != nil {
+		return x.Uri
+	}
+	return ""
+}
+
+func (x *BMCSubscription) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *BMCSubscription) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *BMCSubscription) GetContext() string {
+	if x != nil {
+		return x.Context
+	}
+	return ""
+}
+
+func (x *BMCSubscription) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *BMCSubscription) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *BMCSubscription) GetSubscriptionType() string {
+	if x != nil {
+		return x.SubscriptionType
+	}
+	return ""
+}
+
+func (x *BMCSubscription) GetEventTypes() []string {
+	if x != nil {
+		return x.EventTypes
+	}
+	return nil
+}
+
+type EventResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Capabilities  *EventCapabilities     `protobuf:"bytes,1,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
+	Subscriptions []*BMCSubscription     `protobuf:"bytes,2,rep,name=subscriptions,proto3" json:"subscriptions,omitempty"`
+	// undecodable lists member links the driver could not read.
+	Undecodable []string         `protobuf:"bytes,3,rep,name=undecodable,proto3" json:"undecodable,omitempty"`
+	Created     *BMCSubscription `protobuf:"bytes,4,opt,name=created,proto3" json:"created,omitempty"`
+	// ambiguous: the create may have happened; re-list before retrying.
+	Ambiguous     bool     `protobuf:"varint,5,opt,name=ambiguous,proto3" json:"ambiguous,omitempty"`
+	Quirks        []string `protobuf:"bytes,6,rep,name=quirks,proto3" json:"quirks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventResult) Reset() {
+	*x = EventResult{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventResult) ProtoMessage() {}
+
+func (x *EventResult) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventResult.ProtoReflect.Descriptor instead.
+func (*EventResult) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *EventResult) GetCapabilities() *EventCapabilities {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *EventResult) GetSubscriptions() []*BMCSubscription {
+	if x != nil {
+		return x.Subscriptions
+	}
+	return nil
+}
+
+func (x *EventResult) GetUndecodable() []string {
+	if x != nil {
+		return x.Undecodable
+	}
+	return nil
+}
+
+func (x *EventResult) GetCreated() *BMCSubscription {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *EventResult) GetAmbiguous() bool {
+	if x != nil {
+		return x.Ambiguous
+	}
+	return false
+}
+
+func (x *EventResult) GetQuirks() []string {
+	if x != nil {
+		return x.Quirks
+	}
+	return nil
+}
+
+type RelayRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SubscriptionId string                 `protobuf:"bytes,1,opt,name=subscription_id,json=subscriptionId,proto3" json:"subscription_id,omitempty"`
+	Ids            []string               `protobuf:"bytes,2,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RelayRequest) Reset() {
+	*x = RelayRequest{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayRequest) ProtoMessage() {}
+
+func (x *RelayRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayRequest.ProtoReflect.Descriptor instead.
+func (*RelayRequest) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RelayRequest) GetSubscriptionId() string {
+	if x != nil {
+		return x.SubscriptionId
+	}
+	return ""
+}
+
+func (x *RelayRequest) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+type DeadLetter struct {
+	state                protoimpl.MessageState `protogen:"open.v1"`
+	Id                   string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	EventId              string                 `protobuf:"bytes,2,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	FirstAttemptUnixNano int64                  `protobuf:"varint,3,opt,name=first_attempt_unix_nano,json=firstAttemptUnixNano,proto3" json:"first_attempt_unix_nano,omitempty"`
+	LastAttemptUnixNano  int64                  `protobuf:"varint,4,opt,name=last_attempt_unix_nano,json=lastAttemptUnixNano,proto3" json:"last_attempt_unix_nano,omitempty"`
+	Attempts             int32                  `protobuf:"varint,5,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	LastError            string                 `protobuf:"bytes,6,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	BodyBytes            int32                  `protobuf:"varint,7,opt,name=body_bytes,json=bodyBytes,proto3" json:"body_bytes,omitempty"`
+	MessageId            string                 `protobuf:"bytes,8,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	ReceivedUnixNano     int64                  `protobuf:"varint,9,opt,name=received_unix_nano,json=receivedUnixNano,proto3" json:"received_unix_nano,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *DeadLetter) Reset() {
+	*x = DeadLetter{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeadLetter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeadLetter) ProtoMessage() {}
+
+func (x *DeadLetter) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
+func (*DeadLetter) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *DeadLetter) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetEventId() string {
+	if x != nil {
+		return x.EventId
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetFirstAttemptUnixNano() int64 {
+	if x != nil {
+		return x.FirstAttemptUnixNano
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetLastAttemptUnixNano() int64 {
+	if x != nil {
+		return x.LastAttemptUnixNano
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetBodyBytes() int32 {
+	if x != nil {
+		return x.BodyBytes
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetReceivedUnixNano() int64 {
+	if x != nil {
+		return x.ReceivedUnixNano
+	}
+	return 0
+}
+
+type RelayResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DeadLetters   []*DeadLetter          `protobuf:"bytes,1,rep,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	Replayed      int32                  `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayResult) Reset() {
+	*x = RelayResult{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayResult) ProtoMessage() {}
+
+func (x *RelayResult) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayResult.ProtoReflect.Descriptor instead.
+func (*RelayResult) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RelayResult) GetDeadLetters() []*DeadLetter {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return nil
+}
+
+func (x *RelayResult) GetReplayed() int32 {
+	if x != nil {
+		return x.Replayed
+	}
+	return 0
+}
+
+// RelayConfig is the whole relay configuration of one agent: every node of
+// its sites that has relay-mode subscriptions. The coordinator sends it
+// after Welcome and whenever it changes; each one replaces the previous.
+// Tokens, header values and secrets are plaintext inside the link's TLS.
+type RelayConfig struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Nodes         []*RelayNode           `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayConfig) Reset() {
+	*x = RelayConfig{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayConfig) ProtoMessage() {}
+
+func (x *RelayConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayConfig.ProtoReflect.Descriptor instead.
+func (*RelayConfig) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RelayConfig) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RelayConfig) GetNodes() []*RelayNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type RelayNode struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Token         string                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	Subscribers   []*RelaySubscriber     `protobuf:"bytes,3,rep,name=subscribers,proto3" json:"subscribers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayNode) Reset() {
+	*x = RelayNode{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayNode) ProtoMessage() {}
+
+func (x *RelayNode) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayNode.ProtoReflect.Descriptor instead.
+func (*RelayNode) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *RelayNode) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RelayNode) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *RelayNode) GetSubscribers() []*RelaySubscriber {
+	if x != nil {
+		return x.Subscribers
+	}
+	return nil
+}
+
+type RelaySubscriber struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Id                 string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Destination        string                 `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	Context            string                 `protobuf:"bytes,3,opt,name=context,proto3" json:"context,omitempty"`
+	Headers            map[string]string      `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Secret             []byte                 `protobuf:"bytes,5,opt,name=secret,proto3" json:"secret,omitempty"`
+	RegistryPrefixes   []string               `protobuf:"bytes,6,rep,name=registry_prefixes,json=registryPrefixes,proto3" json:"registry_prefixes,omitempty"`
+	ResourceTypes      []string               `protobuf:"bytes,7,rep,name=resource_types,json=resourceTypes,proto3" json:"resource_types,omitempty"`
+	MessageIds         []string               `protobuf:"bytes,8,rep,name=message_ids,json=messageIds,proto3" json:"message_ids,omitempty"`
+	Severities         []string               `protobuf:"bytes,9,rep,name=severities,proto3" json:"severities,omitempty"`
+	EventTypes         []string               `protobuf:"bytes,10,rep,name=event_types,json=eventTypes,proto3" json:"event_types,omitempty"`
+	InsecureSkipVerify bool                   `protobuf:"varint,11,opt,name=insecure_skip_verify,json=insecureSkipVerify,proto3" json:"insecure_skip_verify,omitempty"`
+	MaxAttempts        int32                  `protobuf:"varint,12,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	MaxAgeSeconds      int64                  `protobuf:"varint,13,opt,name=max_age_seconds,json=maxAgeSeconds,proto3" json:"max_age_seconds,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *RelaySubscriber) Reset() {
+	*x = RelaySubscriber{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelaySubscriber) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelaySubscriber) ProtoMessage() {}
+
+func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelaySubscriber.ProtoReflect.Descriptor instead.
+func (*RelaySubscriber) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RelaySubscriber) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RelaySubscriber) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *RelaySubscriber) GetContext() string {
+	if x != nil {
+		return x.Context
+	}
+	return ""
+}
+
+func (x *RelaySubscriber) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *RelaySubscriber) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
+func (x *RelaySubscriber) GetRegistryPrefixes() []string {
+	if x != nil {
+		return x.RegistryPrefixes
+	}
+	return nil
+}
+
+func (x *RelaySubscriber) GetResourceTypes() []string {
+	if x != nil {
+		return x.ResourceTypes
+	}
+	return nil
+}
+
+func (x *RelaySubscriber) GetMessageIds() []string {
+	if x != nil {
+		return x.MessageIds
+	}
+	return nil
+}
+
+func (x *RelaySubscriber) GetSeverities() []string {
+	if x != nil {
+		return x.Severities
+	}
+	return nil
+}
+
+func (x *RelaySubscriber) GetEventTypes() []string {
+	if x != nil {
+		return x.EventTypes
+	}
+	return nil
+}
+
+func (x *RelaySubscriber) GetInsecureSkipVerify() bool {
+	if x != nil {
+		return x.InsecureSkipVerify
+	}
+	return false
+}
+
+func (x *RelaySubscriber) GetMaxAttempts() int32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *RelaySubscriber) GetMaxAgeSeconds() int64 {
+	if x != nil {
+		return x.MaxAgeSeconds
+	}
+	return 0
+}
+
+// RelayReport is the relay's totals, sent periodically and only when
+// something changed; notices (a BMC's service restarted, a heartbeat) go at
+// once.
+type RelayReport struct {
+	state         protoimpl.MessageState  `protogen:"open.v1"`
+	Subscribers   []*RelaySubscriberStats `protobuf:"bytes,1,rep,name=subscribers,proto3" json:"subscribers,omitempty"`
+	Nodes         []*RelayNodeStats       `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Notices       []*RelayNotice          `protobuf:"bytes,3,rep,name=notices,proto3" json:"notices,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayReport) Reset() {
+	*x = RelayReport{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayReport) ProtoMessage() {}
+
+func (x *RelayReport) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayReport.ProtoReflect.Descriptor instead.
+func (*RelayReport) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RelayReport) GetSubscribers() []*RelaySubscriberStats {
+	if x != nil {
+		return x.Subscribers
+	}
+	return nil
+}
+
+func (x *RelayReport) GetNodes() []*RelayNodeStats {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *RelayReport) GetNotices() []*RelayNotice {
+	if x != nil {
+		return x.Notices
+	}
+	return nil
+}
+
+type RelaySubscriberStats struct {
+	state                 protoimpl.MessageState `protogen:"open.v1"`
+	Id                    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Delivered             uint64                 `protobuf:"varint,2,opt,name=delivered,proto3" json:"delivered,omitempty"`
+	Failed                uint64                 `protobuf:"varint,3,opt,name=failed,proto3" json:"failed,omitempty"`
+	DeadLettered          uint64                 `protobuf:"varint,4,opt,name=dead_lettered,json=deadLettered,proto3" json:"dead_lettered,omitempty"`
+	Pending               uint64                 `protobuf:"varint,5,opt,name=pending,proto3" json:"pending,omitempty"`
+	LastEventUnixNano     int64                  `protobuf:"varint,6,opt,name=last_event_unix_nano,json=lastEventUnixNano,proto3" json:"last_event_unix_nano,omitempty"`
+	LastDeliveredUnixNano int64                  `protobuf:"varint,7,opt,name=last_delivered_unix_nano,json=lastDeliveredUnixNano,proto3" json:"last_delivered_unix_nano,omitempty"`
+	LastError             string                 `protobuf:"bytes,8,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *RelaySubscriberStats) Reset() {
+	*x = RelaySubscriberStats{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelaySubscriberStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelaySubscriberStats) ProtoMessage() {}
+
+func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelaySubscriberStats.ProtoReflect.Descriptor instead.
+func (*RelaySubscriberStats) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *RelaySubscriberStats) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RelaySubscriberStats) GetDelivered() uint64 {
+	if x != nil {
+		return x.Delivered
+	}
+	return 0
+}
+
+func (x *RelaySubscriberStats) GetFailed() uint64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *RelaySubscriberStats) GetDeadLettered() uint64 {
+	if x != nil {
+		return x.DeadLettered
+	}
+	return 0
+}
+
+func (x *RelaySubscriberStats) GetPending() uint64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *RelaySubscriberStats) GetLastEventUnixNano() int64 {
+	if x != nil {
+		return x.LastEventUnixNano
+	}
+	return 0
+}
+
+func (x *RelaySubscriberStats) GetLastDeliveredUnixNano() int64 {
+	if x != nil {
+		return x.LastDeliveredUnixNano
+	}
+	return 0
+}
+
+func (x *RelaySubscriberStats) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+type RelayNodeStats struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Node              string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	LastEventUnixNano int64                  `protobuf:"varint,2,opt,name=last_event_unix_nano,json=lastEventUnixNano,proto3" json:"last_event_unix_nano,omitempty"`
+	Received          uint64                 `protobuf:"varint,3,opt,name=received,proto3" json:"received,omitempty"`
+	Duplicates        uint64                 `protobuf:"varint,4,opt,name=duplicates,proto3" json:"duplicates,omitempty"`
+	Malformed         uint64                 `protobuf:"varint,5,opt,name=malformed,proto3" json:"malformed,omitempty"`
+	LastSid           string                 `protobuf:"bytes,6,opt,name=last_sid,json=lastSid,proto3" json:"last_sid,omitempty"`
+	LastGen           uint64                 `protobuf:"varint,7,opt,name=last_gen,json=lastGen,proto3" json:"last_gen,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *RelayNodeStats) Reset() {
+	*x = RelayNodeStats{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayNodeStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayNodeStats) ProtoMessage() {}
+
+func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayNodeStats.ProtoReflect.Descriptor instead.
+func (*RelayNodeStats) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *RelayNodeStats) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RelayNodeStats) GetLastEventUnixNano() int64 {
+	if x != nil {
+		return x.LastEventUnixNano
+	}
+	return 0
+}
+
+func (x *RelayNodeStats) GetReceived() uint64 {
+	if x != nil {
+		return x.Received
+	}
+	return 0
+}
+
+func (x *RelayNodeStats) GetDuplicates() uint64 {
+	if x != nil {
+		return x.Duplicates
+	}
+	return 0
+}
+
+func (x *RelayNodeStats) GetMalformed() uint64 {
+	if x != nil {
+		return x.Malformed
+	}
+	return 0
+}
+
+func (x *RelayNodeStats) GetLastSid() string {
+	if x != nil {
+		return x.LastSid
+	}
+	return ""
+}
+
+func (x *RelayNodeStats) GetLastGen() uint64 {
+	if x != nil {
+		return x.LastGen
+	}
+	return 0
+}
+
+type RelayNotice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// kind: "service_started", "heartbeat".
+	Kind          string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	AtUnixNano    int64  `protobuf:"varint,3,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayNotice) Reset() {
+	*x = RelayNotice{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayNotice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayNotice) ProtoMessage() {}
+
+func (x *RelayNotice) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayNotice.ProtoReflect.Descriptor instead.
+func (*RelayNotice) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RelayNotice) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RelayNotice) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *RelayNotice) GetAtUnixNano() int64 {
+	if x != nil {
+		return x.AtUnixNano
+	}
+	return 0
+}
+
+// RelayEvent is one accepted event, for the coordinator's live stream.
+type RelayEvent struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Id               string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Node             string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Sid              string                 `protobuf:"bytes,3,opt,name=sid,proto3" json:"sid,omitempty"`
+	Gen              uint64                 `protobuf:"varint,4,opt,name=gen,proto3" json:"gen,omitempty"`
+	ReceivedUnixNano int64                  `protobuf:"varint,5,opt,name=received_unix_nano,json=receivedUnixNano,proto3" json:"received_unix_nano,omitempty"`
+	BmcEventId       string                 `protobuf:"bytes,6,opt,name=bmc_event_id,json=bmcEventId,proto3" json:"bmc_event_id,omitempty"`
+	EventType        string                 `protobuf:"bytes,7,opt,name=event_type,json=eventType,proto3" json:"event_type,omitempty"`
+	MessageId        string                 `protobuf:"bytes,8,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	Registry         string                 `protobuf:"bytes,9,opt,name=registry,proto3" json:"registry,omitempty"`
+	Severity         string                 `protobuf:"bytes,10,opt,name=severity,proto3" json:"severity,omitempty"`
+	Message          string                 `protobuf:"bytes,11,opt,name=message,proto3" json:"message,omitempty"`
+	Origin           string                 `protobuf:"bytes,12,opt,name=origin,proto3" json:"origin,omitempty"`
+	Timestamp        string                 `protobuf:"bytes,13,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *RelayEvent) Reset() {
+	*x = RelayEvent{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayEvent) ProtoMessage() {}
+
+func (x *RelayEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayEvent.ProtoReflect.Descriptor instead.
+func (*RelayEvent) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RelayEvent) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RelayEvent) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RelayEvent) GetSid() string {
+	if x != nil {
+		return x.Sid
+	}
+	return ""
+}
+
+func (x *RelayEvent) GetGen() uint64 {
+	if x != nil {
+		return x.Gen
+	}
+	return 0
+}
+
+func (x *RelayEvent) GetReceivedUnixNano() int64 {
+	if x != nil {
+		return x.ReceivedUnixNano
+	}
+	return 0
+}
+
+func (x *RelayEvent) GetBmcEventId() string {
+	if x != nil {
+		return x.BmcEventId
+	}
+	return ""
+}
+
+func (x *RelayEvent) GetEventType() string {
+	if x != nil {
+		return x.EventType
+	}
+	return ""
+}
+
+func (x *RelayEvent) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+func (x *RelayEvent) GetRegistry() string {
+	if x != nil {
+		return x.Registry
+	}
+	return ""
+}
+
+func (x *RelayEvent) GetSeverity() string {
+	if x != nil {
+		return x.Severity
+	}
+	return ""
+}
+
+func (x *RelayEvent) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *RelayEvent) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *RelayEvent) GetTimestamp() string {
+	if x != nil {
+		return x.Timestamp
+	}
+	return ""
+}
+
 var File_internal_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_internal_agentpb_agent_proto_rawDesc = "" +
@@ -973,24 +2541,30 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
 	"\x04read\x18\x03 \x01(\bR\x04read\x12\x10\n" +
 	"\x03eof\x18\x04 \x01(\bR\x03eof\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\xbd\x01\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\xc0\x02\n" +
 	"\fAgentMessage\x12.\n" +
 	"\x05hello\x18\x01 \x01(\v2\x16.obmesh.agent.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\x06result\x18\x02 \x01(\v2 .obmesh.agent.v1.OperationResultH\x00R\x06result\x12:\n" +
-	"\theartbeat\x18\x03 \x01(\v2\x1a.obmesh.agent.v1.HeartbeatH\x00R\theartbeatB\x05\n" +
-	"\x03msg\"\xf9\x01\n" +
+	"\theartbeat\x18\x03 \x01(\v2\x1a.obmesh.agent.v1.HeartbeatH\x00R\theartbeat\x12A\n" +
+	"\frelay_report\x18\x04 \x01(\v2\x1c.obmesh.agent.v1.RelayReportH\x00R\vrelayReport\x12>\n" +
+	"\vrelay_event\x18\x05 \x01(\v2\x1b.obmesh.agent.v1.RelayEventH\x00R\n" +
+	"relayEventB\x05\n" +
+	"\x03msg\"\xbc\x02\n" +
 	"\x12CoordinatorMessage\x124\n" +
 	"\awelcome\x18\x01 \x01(\v2\x18.obmesh.agent.v1.WelcomeH\x00R\awelcome\x12:\n" +
 	"\toperation\x18\x02 \x01(\v2\x1a.obmesh.agent.v1.OperationH\x00R\toperation\x121\n" +
 	"\x06cancel\x18\x03 \x01(\v2\x17.obmesh.agent.v1.CancelH\x00R\x06cancel\x127\n" +
-	"\bredirect\x18\x04 \x01(\v2\x19.obmesh.agent.v1.RedirectH\x00R\bredirectB\x05\n" +
-	"\x03msg\"\xaa\x01\n" +
+	"\bredirect\x18\x04 \x01(\v2\x19.obmesh.agent.v1.RedirectH\x00R\bredirect\x12A\n" +
+	"\frelay_config\x18\x05 \x01(\v2\x1c.obmesh.agent.v1.RelayConfigH\x00R\vrelayConfigB\x05\n" +
+	"\x03msg\"\xf4\x01\n" +
 	"\x05Hello\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x14\n" +
 	"\x05sites\x18\x02 \x03(\tR\x05sites\x121\n" +
 	"\adrivers\x18\x03 \x03(\v2\x17.obmesh.agent.v1.DriverR\adrivers\x12\x18\n" +
 	"\aversion\x18\x04 \x01(\tR\aversion\x12#\n" +
-	"\rhighest_epoch\x18\x05 \x01(\x04R\fhighestEpoch\"6\n" +
+	"\rhighest_epoch\x18\x05 \x01(\x04R\fhighestEpoch\x12\x1b\n" +
+	"\trelay_url\x18\x06 \x01(\tR\brelayUrl\x12+\n" +
+	"\x11relay_fingerprint\x18\a \x01(\tR\x10relayFingerprint\"6\n" +
 	"\x06Driver\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\"z\n" +
@@ -1013,7 +2587,7 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\aoptions\x18\b \x03(\v2\".obmesh.agent.v1.Node.OptionsEntryR\aoptions\x1a:\n" +
 	"\fOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf5\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdf\x02\n" +
 	"\tOperation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12)\n" +
@@ -1025,9 +2599,12 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"persistent\x18\x06 \x01(\bR\n" +
 	"persistent\x12\x10\n" +
 	"\x03efi\x18\a \x01(\bR\x03efi\x12,\n" +
-	"\x12deadline_unix_nano\x18\b \x01(\x03R\x10deadlineUnixNano\"\x18\n" +
+	"\x12deadline_unix_nano\x18\b \x01(\x03R\x10deadlineUnixNano\x123\n" +
+	"\x05event\x18\t \x01(\v2\x1d.obmesh.agent.v1.EventRequestR\x05event\x123\n" +
+	"\x05relay\x18\n" +
+	" \x01(\v2\x1d.obmesh.agent.v1.RelayRequestR\x05relay\"\x18\n" +
 	"\x06Cancel\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xf6\x02\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xde\x03\n" +
 	"\x0fOperationResult\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x1f\n" +
@@ -1039,10 +2616,166 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\traw_state\x18\x06 \x01(\tR\brawState\x12J\n" +
 	"\bidentity\x18\a \x03(\v2..obmesh.agent.v1.OperationResult.IdentityEntryR\bidentity\x12\x19\n" +
 	"\bagent_ns\x18\b \x01(\x03R\aagentNs\x12\x1b\n" +
-	"\tplugin_ns\x18\t \x01(\x03R\bpluginNs\x1a;\n" +
+	"\tplugin_ns\x18\t \x01(\x03R\bpluginNs\x122\n" +
+	"\x05event\x18\n" +
+	" \x01(\v2\x1c.obmesh.agent.v1.EventResultR\x05event\x122\n" +
+	"\x05relay\x18\v \x01(\v2\x1c.obmesh.agent.v1.RelayResultR\x05relay\x1a;\n" +
 	"\rIdentityEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xab\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x01\n" +
+	"\fEventRequest\x12\x10\n" +
+	"\x03uri\x18\x01 \x01(\tR\x03uri\x12\x18\n" +
+	"\acontext\x18\x02 \x01(\tR\acontext\x12.\n" +
+	"\x04spec\x18\x03 \x01(\v2\x1a.obmesh.agent.v1.EventSpecR\x04spec\x12.\n" +
+	"\x04test\x18\x04 \x01(\v2\x1a.obmesh.agent.v1.TestEventR\x04test\"\x87\x03\n" +
+	"\tEventSpec\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x18\n" +
+	"\acontext\x18\x02 \x01(\tR\acontext\x12\x1f\n" +
+	"\vevent_types\x18\x03 \x03(\tR\n" +
+	"eventTypes\x12+\n" +
+	"\x11registry_prefixes\x18\x04 \x03(\tR\x10registryPrefixes\x12%\n" +
+	"\x0eresource_types\x18\x05 \x03(\tR\rresourceTypes\x12A\n" +
+	"\aheaders\x18\x06 \x03(\v2'.obmesh.agent.v1.EventSpec.HeadersEntryR\aheaders\x122\n" +
+	"\x15delivery_retry_policy\x18\a \x01(\tR\x13deliveryRetryPolicy\x12\x16\n" +
+	"\x06quirks\x18\b \x03(\tR\x06quirks\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x7f\n" +
+	"\tTestEvent\x12\x1d\n" +
+	"\n" +
+	"event_type\x18\x01 \x01(\tR\teventType\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x02 \x01(\tR\tmessageId\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x1a\n" +
+	"\bseverity\x18\x04 \x01(\tR\bseverity\"\x95\x03\n" +
+	"\x11EventCapabilities\x12'\n" +
+	"\x0fservice_enabled\x18\x01 \x01(\bR\x0eserviceEnabled\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1f\n" +
+	"\vevent_types\x18\x03 \x03(\tR\n" +
+	"eventTypes\x12+\n" +
+	"\x11registry_prefixes\x18\x04 \x03(\tR\x10registryPrefixes\x12%\n" +
+	"\x0eresource_types\x18\x05 \x03(\tR\rresourceTypes\x120\n" +
+	"\x14event_types_required\x18\x06 \x01(\bR\x12eventTypesRequired\x122\n" +
+	"\x15delivery_retry_policy\x18\a \x01(\bR\x13deliveryRetryPolicy\x12\x1d\n" +
+	"\n" +
+	"test_event\x18\b \x01(\bR\ttestEvent\x12\x16\n" +
+	"\x06resume\x18\t \x01(\bR\x06resume\x12+\n" +
+	"\x11max_subscriptions\x18\n" +
+	" \x01(\x05R\x10maxSubscriptions\"\xef\x01\n" +
+	"\x0fBMCSubscription\x12\x10\n" +
+	"\x03uri\x18\x01 \x01(\tR\x03uri\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12 \n" +
+	"\vdestination\x18\x03 \x01(\tR\vdestination\x12\x18\n" +
+	"\acontext\x18\x04 \x01(\tR\acontext\x12\x1a\n" +
+	"\bprotocol\x18\x05 \x01(\tR\bprotocol\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12+\n" +
+	"\x11subscription_type\x18\a \x01(\tR\x10subscriptionType\x12\x1f\n" +
+	"\vevent_types\x18\b \x03(\tR\n" +
+	"eventTypes\"\xb1\x02\n" +
+	"\vEventResult\x12F\n" +
+	"\fcapabilities\x18\x01 \x01(\v2\".obmesh.agent.v1.EventCapabilitiesR\fcapabilities\x12F\n" +
+	"\rsubscriptions\x18\x02 \x03(\v2 .obmesh.agent.v1.BMCSubscriptionR\rsubscriptions\x12 \n" +
+	"\vundecodable\x18\x03 \x03(\tR\vundecodable\x12:\n" +
+	"\acreated\x18\x04 \x01(\v2 .obmesh.agent.v1.BMCSubscriptionR\acreated\x12\x1c\n" +
+	"\tambiguous\x18\x05 \x01(\bR\tambiguous\x12\x16\n" +
+	"\x06quirks\x18\x06 \x03(\tR\x06quirks\"I\n" +
+	"\fRelayRequest\x12'\n" +
+	"\x0fsubscription_id\x18\x01 \x01(\tR\x0esubscriptionId\x12\x10\n" +
+	"\x03ids\x18\x02 \x03(\tR\x03ids\"\xca\x02\n" +
+	"\n" +
+	"DeadLetter\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
+	"\bevent_id\x18\x02 \x01(\tR\aeventId\x125\n" +
+	"\x17first_attempt_unix_nano\x18\x03 \x01(\x03R\x14firstAttemptUnixNano\x123\n" +
+	"\x16last_attempt_unix_nano\x18\x04 \x01(\x03R\x13lastAttemptUnixNano\x12\x1a\n" +
+	"\battempts\x18\x05 \x01(\x05R\battempts\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x06 \x01(\tR\tlastError\x12\x1d\n" +
+	"\n" +
+	"body_bytes\x18\a \x01(\x05R\tbodyBytes\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\b \x01(\tR\tmessageId\x12,\n" +
+	"\x12received_unix_nano\x18\t \x01(\x03R\x10receivedUnixNano\"i\n" +
+	"\vRelayResult\x12>\n" +
+	"\fdead_letters\x18\x01 \x03(\v2\x1b.obmesh.agent.v1.DeadLetterR\vdeadLetters\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\x05R\breplayed\"Y\n" +
+	"\vRelayConfig\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x120\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x1a.obmesh.agent.v1.RelayNodeR\x05nodes\"y\n" +
+	"\tRelayNode\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\x12B\n" +
+	"\vsubscribers\x18\x03 \x03(\v2 .obmesh.agent.v1.RelaySubscriberR\vsubscribers\"\xad\x04\n" +
+	"\x0fRelaySubscriber\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12 \n" +
+	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x18\n" +
+	"\acontext\x18\x03 \x01(\tR\acontext\x12G\n" +
+	"\aheaders\x18\x04 \x03(\v2-.obmesh.agent.v1.RelaySubscriber.HeadersEntryR\aheaders\x12\x16\n" +
+	"\x06secret\x18\x05 \x01(\fR\x06secret\x12+\n" +
+	"\x11registry_prefixes\x18\x06 \x03(\tR\x10registryPrefixes\x12%\n" +
+	"\x0eresource_types\x18\a \x03(\tR\rresourceTypes\x12\x1f\n" +
+	"\vmessage_ids\x18\b \x03(\tR\n" +
+	"messageIds\x12\x1e\n" +
+	"\n" +
+	"severities\x18\t \x03(\tR\n" +
+	"severities\x12\x1f\n" +
+	"\vevent_types\x18\n" +
+	" \x03(\tR\n" +
+	"eventTypes\x120\n" +
+	"\x14insecure_skip_verify\x18\v \x01(\bR\x12insecureSkipVerify\x12!\n" +
+	"\fmax_attempts\x18\f \x01(\x05R\vmaxAttempts\x12&\n" +
+	"\x0fmax_age_seconds\x18\r \x01(\x03R\rmaxAgeSeconds\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x01\n" +
+	"\vRelayReport\x12G\n" +
+	"\vsubscribers\x18\x01 \x03(\v2%.obmesh.agent.v1.RelaySubscriberStatsR\vsubscribers\x125\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x1f.obmesh.agent.v1.RelayNodeStatsR\x05nodes\x126\n" +
+	"\anotices\x18\x03 \x03(\v2\x1c.obmesh.agent.v1.RelayNoticeR\anotices\"\xa4\x02\n" +
+	"\x14RelaySubscriberStats\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
+	"\tdelivered\x18\x02 \x01(\x04R\tdelivered\x12\x16\n" +
+	"\x06failed\x18\x03 \x01(\x04R\x06failed\x12#\n" +
+	"\rdead_lettered\x18\x04 \x01(\x04R\fdeadLettered\x12\x18\n" +
+	"\apending\x18\x05 \x01(\x04R\apending\x12/\n" +
+	"\x14last_event_unix_nano\x18\x06 \x01(\x03R\x11lastEventUnixNano\x127\n" +
+	"\x18last_delivered_unix_nano\x18\a \x01(\x03R\x15lastDeliveredUnixNano\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\b \x01(\tR\tlastError\"\xe5\x01\n" +
+	"\x0eRelayNodeStats\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12/\n" +
+	"\x14last_event_unix_nano\x18\x02 \x01(\x03R\x11lastEventUnixNano\x12\x1a\n" +
+	"\breceived\x18\x03 \x01(\x04R\breceived\x12\x1e\n" +
+	"\n" +
+	"duplicates\x18\x04 \x01(\x04R\n" +
+	"duplicates\x12\x1c\n" +
+	"\tmalformed\x18\x05 \x01(\x04R\tmalformed\x12\x19\n" +
+	"\blast_sid\x18\x06 \x01(\tR\alastSid\x12\x19\n" +
+	"\blast_gen\x18\a \x01(\x04R\alastGen\"W\n" +
+	"\vRelayNotice\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12 \n" +
+	"\fat_unix_nano\x18\x03 \x01(\x03R\n" +
+	"atUnixNano\"\xea\x02\n" +
+	"\n" +
+	"RelayEvent\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x10\n" +
+	"\x03sid\x18\x03 \x01(\tR\x03sid\x12\x10\n" +
+	"\x03gen\x18\x04 \x01(\x04R\x03gen\x12,\n" +
+	"\x12received_unix_nano\x18\x05 \x01(\x03R\x10receivedUnixNano\x12 \n" +
+	"\fbmc_event_id\x18\x06 \x01(\tR\n" +
+	"bmcEventId\x12\x1d\n" +
+	"\n" +
+	"event_type\x18\a \x01(\tR\teventType\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\b \x01(\tR\tmessageId\x12\x1a\n" +
+	"\bregistry\x18\t \x01(\tR\bregistry\x12\x1a\n" +
+	"\bseverity\x18\n" +
+	" \x01(\tR\bseverity\x12\x18\n" +
+	"\amessage\x18\v \x01(\tR\amessage\x12\x16\n" +
+	"\x06origin\x18\f \x01(\tR\x06origin\x12\x1c\n" +
+	"\ttimestamp\x18\r \x01(\tR\ttimestamp2\xab\x01\n" +
 	"\tAgentLink\x12Q\n" +
 	"\aConnect\x12\x1d.obmesh.agent.v1.AgentMessage\x1a#.obmesh.agent.v1.CoordinatorMessage(\x010\x01\x12K\n" +
 	"\aConsole\x12\x1d.obmesh.agent.v1.ConsoleFrame\x1a\x1d.obmesh.agent.v1.ConsoleFrame(\x010\x01B+Z)github.com/obmesh/obmesh/internal/agentpbb\x06proto3"
@@ -1059,44 +2792,83 @@ func file_internal_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_internal_agentpb_agent_proto_rawDescData
 }
 
-var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_internal_agentpb_agent_proto_goTypes = []any{
-	(*ConsoleFrame)(nil),       // 0: obmesh.agent.v1.ConsoleFrame
-	(*AgentMessage)(nil),       // 1: obmesh.agent.v1.AgentMessage
-	(*CoordinatorMessage)(nil), // 2: obmesh.agent.v1.CoordinatorMessage
-	(*Hello)(nil),              // 3: obmesh.agent.v1.Hello
-	(*Driver)(nil),             // 4: obmesh.agent.v1.Driver
-	(*Welcome)(nil),            // 5: obmesh.agent.v1.Welcome
-	(*Redirect)(nil),           // 6: obmesh.agent.v1.Redirect
-	(*Heartbeat)(nil),          // 7: obmesh.agent.v1.Heartbeat
-	(*Node)(nil),               // 8: obmesh.agent.v1.Node
-	(*Operation)(nil),          // 9: obmesh.agent.v1.Operation
-	(*Cancel)(nil),             // 10: obmesh.agent.v1.Cancel
-	(*OperationResult)(nil),    // 11: obmesh.agent.v1.OperationResult
-	nil,                        // 12: obmesh.agent.v1.Node.OptionsEntry
-	nil,                        // 13: obmesh.agent.v1.OperationResult.IdentityEntry
+	(*ConsoleFrame)(nil),         // 0: obmesh.agent.v1.ConsoleFrame
+	(*AgentMessage)(nil),         // 1: obmesh.agent.v1.AgentMessage
+	(*CoordinatorMessage)(nil),   // 2: obmesh.agent.v1.CoordinatorMessage
+	(*Hello)(nil),                // 3: obmesh.agent.v1.Hello
+	(*Driver)(nil),               // 4: obmesh.agent.v1.Driver
+	(*Welcome)(nil),              // 5: obmesh.agent.v1.Welcome
+	(*Redirect)(nil),             // 6: obmesh.agent.v1.Redirect
+	(*Heartbeat)(nil),            // 7: obmesh.agent.v1.Heartbeat
+	(*Node)(nil),                 // 8: obmesh.agent.v1.Node
+	(*Operation)(nil),            // 9: obmesh.agent.v1.Operation
+	(*Cancel)(nil),               // 10: obmesh.agent.v1.Cancel
+	(*OperationResult)(nil),      // 11: obmesh.agent.v1.OperationResult
+	(*EventRequest)(nil),         // 12: obmesh.agent.v1.EventRequest
+	(*EventSpec)(nil),            // 13: obmesh.agent.v1.EventSpec
+	(*TestEvent)(nil),            // 14: obmesh.agent.v1.TestEvent
+	(*EventCapabilities)(nil),    // 15: obmesh.agent.v1.EventCapabilities
+	(*BMCSubscription)(nil),      // 16: obmesh.agent.v1.BMCSubscription
+	(*EventResult)(nil),          // 17: obmesh.agent.v1.EventResult
+	(*RelayRequest)(nil),         // 18: obmesh.agent.v1.RelayRequest
+	(*DeadLetter)(nil),           // 19: obmesh.agent.v1.DeadLetter
+	(*RelayResult)(nil),          // 20: obmesh.agent.v1.RelayResult
+	(*RelayConfig)(nil),          // 21: obmesh.agent.v1.RelayConfig
+	(*RelayNode)(nil),            // 22: obmesh.agent.v1.RelayNode
+	(*RelaySubscriber)(nil),      // 23: obmesh.agent.v1.RelaySubscriber
+	(*RelayReport)(nil),          // 24: obmesh.agent.v1.RelayReport
+	(*RelaySubscriberStats)(nil), // 25: obmesh.agent.v1.RelaySubscriberStats
+	(*RelayNodeStats)(nil),       // 26: obmesh.agent.v1.RelayNodeStats
+	(*RelayNotice)(nil),          // 27: obmesh.agent.v1.RelayNotice
+	(*RelayEvent)(nil),           // 28: obmesh.agent.v1.RelayEvent
+	nil,                          // 29: obmesh.agent.v1.Node.OptionsEntry
+	nil,                          // 30: obmesh.agent.v1.OperationResult.IdentityEntry
+	nil,                          // 31: obmesh.agent.v1.EventSpec.HeadersEntry
+	nil,                          // 32: obmesh.agent.v1.RelaySubscriber.HeadersEntry
 }
 var file_internal_agentpb_agent_proto_depIdxs = []int32{
 	3,  // 0: obmesh.agent.v1.AgentMessage.hello:type_name -> obmesh.agent.v1.Hello
 	11, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
 	7,  // 2: obmesh.agent.v1.AgentMessage.heartbeat:type_name -> obmesh.agent.v1.Heartbeat
-	5,  // 3: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
-	9,  // 4: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
-	10, // 5: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
-	6,  // 6: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
-	4,  // 7: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
-	12, // 8: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
-	8,  // 9: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
-	13, // 10: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
-	1,  // 11: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
-	0,  // 12: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
-	2,  // 13: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
-	0,  // 14: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
-	13, // [13:15] is the sub-list for method output_type
-	11, // [11:13] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	24, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
+	28, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
+	5,  // 5: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
+	9,  // 6: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
+	10, // 7: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
+	6,  // 8: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
+	21, // 9: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
+	4,  // 10: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
+	29, // 11: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
+	8,  // 12: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
+	12, // 13: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
+	18, // 14: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
+	30, // 15: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
+	17, // 16: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
+	20, // 17: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
+	13, // 18: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
+	14, // 19: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
+	31, // 20: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
+	15, // 21: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
+	16, // 22: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
+	16, // 23: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
+	19, // 24: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
+	22, // 25: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
+	23, // 26: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
+	32, // 27: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	25, // 28: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
+	26, // 29: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
+	27, // 30: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
+	1,  // 31: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
+	0,  // 32: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
+	2,  // 33: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
+	0,  // 34: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
+	33, // [33:35] is the sub-list for method output_type
+	31, // [31:33] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_internal_agentpb_agent_proto_init() }
@@ -1108,12 +2880,15 @@ func file_internal_agentpb_agent_proto_init() {
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Result)(nil),
 		(*AgentMessage_Heartbeat)(nil),
+		(*AgentMessage_RelayReport)(nil),
+		(*AgentMessage_RelayEvent)(nil),
 	}
 	file_internal_agentpb_agent_proto_msgTypes[2].OneofWrappers = []any{
 		(*CoordinatorMessage_Welcome)(nil),
 		(*CoordinatorMessage_Operation)(nil),
 		(*CoordinatorMessage_Cancel)(nil),
 		(*CoordinatorMessage_Redirect)(nil),
+		(*CoordinatorMessage_RelayConfig)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1121,7 +2896,7 @@ func file_internal_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_agentpb_agent_proto_rawDesc), len(file_internal_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
