@@ -95,19 +95,21 @@ func TestRedfish_EventSubscriptions(t *testing.T) {
 			if err != nil || !caps.TestEvent || len(caps.EventTypes) == 0 {
 				t.Fatalf("capabilities = %+v, %v", caps, err)
 			}
-			sub, err := ev.Subscribe(ctx, sdk.SubscriptionSpec{Destination: rc.srv.URL + "/events", Context: "obmesh-ctx-1",
+			res, err := ev.Subscribe(ctx, sdk.SubscriptionSpec{Destination: rc.srv.URL + "/events", Context: "obmesh-ctx-1",
 				Headers: map[string]sdk.Secret{"Authorization": "Bearer Canary-Token"}})
 			if err != nil {
 				t.Fatalf("subscribe (201 without Location): %v", err)
 			}
-			if !strings.HasPrefix(sub.ID, "/redfish/v1/EventService/Subscriptions/") {
-				t.Errorf("subscription id %q is not the BMC's @odata.id", sub.ID)
+			sub := res.Subscription
+			if !strings.HasPrefix(sub.URI, "/redfish/v1/EventService/Subscriptions/") {
+				t.Errorf("subscription id %q is not the BMC's @odata.id", sub.URI)
 			}
-			list, err := ev.Subscriptions(ctx)
-			if err != nil || len(list) != 1 || list[0].ID != sub.ID || list[0].Context != "obmesh-ctx-1" {
+			lr, err := ev.ListSubscriptions(ctx)
+			list := lr.Subscriptions
+			if err != nil || len(list) != 1 || list[0].URI != sub.URI || list[0].Context != "obmesh-ctx-1" {
 				t.Fatalf("list = %+v, %v", list, err)
 			}
-			if err := ev.SendTestEvent(ctx, "", "hello from obmesh"); err != nil {
+			if err := ev.SendTestEvent(ctx, sdk.TestEvent{Message: "hello from obmesh"}); err != nil {
 				t.Fatalf("test event: %v", err)
 			}
 			got, auth := rc.waitEvent(t, "ResourceEvent.1.4.TestMessage")
@@ -119,20 +121,20 @@ func TestRedfish_EventSubscriptions(t *testing.T) {
 				t.Fatal(err)
 			}
 			rc.waitEvent(t, "ResourceEvent.1.4.ResourcePoweringOff")
-			if err := ev.SetSubscriptionContext(ctx, sub.ID, "obmesh-ctx-2"); err != nil {
+			if err := ev.SetSubscriptionContext(ctx, sub.URI, "obmesh-ctx-2"); err != nil {
 				t.Fatal(err)
 			}
-			if list, _ := ev.Subscriptions(ctx); len(list) != 1 || list[0].Context != "obmesh-ctx-2" {
-				t.Errorf("context after patch: %+v", list)
+			if lr, _ := ev.ListSubscriptions(ctx); len(lr.Subscriptions) != 1 || lr.Subscriptions[0].Context != "obmesh-ctx-2" {
+				t.Errorf("context after patch: %+v", lr)
 			}
-			if err := ev.Unsubscribe(ctx, sub.ID); err != nil {
+			if err := ev.Unsubscribe(ctx, sub.URI); err != nil {
 				t.Fatal(err)
 			}
-			if err := ev.Unsubscribe(ctx, sub.ID); err != nil {
+			if err := ev.Unsubscribe(ctx, sub.URI); err != nil {
 				t.Errorf("deleting a deleted subscription = %v, want nil", err)
 			}
-			if list, _ := ev.Subscriptions(ctx); len(list) != 0 {
-				t.Errorf("subscriptions after delete: %+v", list)
+			if lr, _ := ev.ListSubscriptions(ctx); len(lr.Subscriptions) != 0 {
+				t.Errorf("subscriptions after delete: %+v", lr)
 			}
 		})
 	}
@@ -148,9 +150,9 @@ func TestRedfish_EventQuirks(t *testing.T) {
 	t.Run("EventTypes required", func(t *testing.T) {
 		r := startRF(t, "public-rackmount1", RedfishQuirks{EventTypesRequired: true}, 0)
 		ev := openRF(t, redfish.New(), r).(sdk.EventSubscriber)
-		sub, err := ev.Subscribe(ctx, spec())
-		if err != nil || len(sub.EventTypes) != 1 || sub.EventTypes[0] != "Alert" {
-			t.Errorf("subscribe without types on a BMC that requires them = %+v, %v; want a retry with Alert", sub, err)
+		res, err := ev.Subscribe(ctx, spec())
+		if err != nil || len(res.Subscription.EventTypes) != 1 || res.Subscription.EventTypes[0] != "Alert" {
+			t.Errorf("subscribe without types on a BMC that requires them = %+v, %v; want a retry with Alert", res, err)
 		}
 	})
 	t.Run("EventTypes rejected", func(t *testing.T) {

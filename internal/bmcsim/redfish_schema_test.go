@@ -141,14 +141,15 @@ func TestRedfish_ServesAndPushesValidRedfish(t *testing.T) {
 	defer cancel()
 	b := openRF(t, redfish.New(), r)
 	ev := b.(sdk.EventSubscriber)
-	sub, err := ev.Subscribe(ctx, sdk.SubscriptionSpec{Destination: rc.srv.URL + "/e", Context: "ctx", EventTypes: []string{"Alert", "StatusChange"}})
+	res, err := ev.Subscribe(ctx, sdk.SubscriptionSpec{Destination: rc.srv.URL + "/e", Context: "ctx", EventTypes: []string{"Alert", "StatusChange"}})
+	sub := res.Subscription
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := b.(sdk.PowerSetter).SetPower(ctx, sdk.PowerOff); err != nil {
 		t.Fatal(err)
 	}
-	if err := ev.SendTestEvent(ctx, "Alert", "schema check"); err != nil {
+	if err := ev.SendTestEvent(ctx, sdk.TestEvent{EventType: "Alert", Message: "schema check"}); err != nil {
 		t.Fatal(err)
 	}
 	rc.waitEvent(t, "ResourceEvent.1.4.TestMessage")
@@ -159,7 +160,7 @@ func TestRedfish_ServesAndPushesValidRedfish(t *testing.T) {
 		{"ComputerSystem.v1_27_0.json", system},
 		{"SessionService.v1_2_0.json", "/redfish/v1/SessionService"},
 		{"EventService.v1_12_0.json", "/redfish/v1/EventService"},
-		{"EventDestination.v1_16_0.json", sub.ID},
+		{"EventDestination.v1_16_0.json", sub.URI},
 		{"Manager.v1_24_0.json", firstMember(get("/redfish/v1/Managers"))},
 	} {
 		validate(t, l.schema(t, c.schema), c.path, get(c.path))

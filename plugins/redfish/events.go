@@ -96,7 +96,7 @@ func (b *bmc) EventCapabilities(ctx context.Context) (sdk.EventCapabilities, err
 	return caps, err
 }
 
-func (b *bmc) Subscriptions(ctx context.Context) ([]sdk.Subscription, error) {
+func (b *bmc) ListSubscriptions(ctx context.Context) (sdk.ListResult, error) {
 	var out []sdk.Subscription
 	err := b.c.do(ctx, "list event subscriptions", func(client *gofish.APIClient) error {
 		es, err := eventService(client)
@@ -120,12 +120,12 @@ func (b *bmc) Subscriptions(ctx context.Context) ([]sdk.Subscription, error) {
 				}
 				return err
 			}
-			out = append(out, sdk.Subscription{ID: uri, Destination: str(doc, "Destination"), Context: str(doc, "Context"),
+			out = append(out, sdk.Subscription{URI: uri, ID: str(doc, "Id"), Destination: str(doc, "Destination"), Context: str(doc, "Context"),
 				EventTypes: strs(doc["EventTypes"]), Protocol: str(doc, "Protocol")})
 		}
 		return nil
 	})
-	return out, err
+	return sdk.ListResult{Subscriptions: out}, err
 }
 
 // messageID extracts the first MessageId of a Redfish error.
@@ -137,9 +137,9 @@ func messageIDs(err error) string {
 	return ce.Error()
 }
 
-func (b *bmc) Subscribe(ctx context.Context, spec sdk.SubscriptionSpec) (sdk.Subscription, error) {
+func (b *bmc) Subscribe(ctx context.Context, spec sdk.SubscriptionSpec) (sdk.CreateResult, error) {
 	if u, err := url.Parse(spec.Destination); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return sdk.Subscription{}, sdk.Errorf(sdk.ClassInvalid, "redfish: subscription destination %q is not an http(s) URL", spec.Destination)
+		return sdk.CreateResult{}, sdk.Errorf(sdk.ClassInvalid, "redfish: subscription destination %q is not an http(s) URL", spec.Destination)
 	}
 	var sub sdk.Subscription
 	err := b.c.do(ctx, "create an event subscription", func(client *gofish.APIClient) error {
@@ -198,14 +198,16 @@ func (b *bmc) Subscribe(ctx context.Context, spec sdk.SubscriptionSpec) (sdk.Sub
 			}
 			uri = found
 		}
-		sub = sdk.Subscription{ID: uri, Destination: spec.Destination, Context: spec.Context, EventTypes: strs(body["EventTypes"]), Protocol: "Redfish"}
+		sub = sdk.Subscription{URI: uri, Destination: spec.Destination, Context: spec.Context, EventTypes: strs(body["EventTypes"]), Protocol: "Redfish"}
 		if t, ok := body["EventTypes"].([]string); ok {
 			sub.EventTypes = t
 		}
 		return nil
 	})
-	return sub, err
+	return sdk.CreateResult{Subscription: sub, Quirks: spec.Quirks}, err
 }
+
+func (b *bmc) ResumeSubscription(ctx context.Context, uri string) error { return sdk.ErrUnsupported }
 
 func findSubscription(client *gofish.APIClient, coll string, spec sdk.SubscriptionSpec) (string, error) {
 	doc, err := getJSON(client, coll)
@@ -248,7 +250,8 @@ func (b *bmc) SetSubscriptionContext(ctx context.Context, id, context string) er
 
 // SendTestEvent asks the BMC for a test event with a registry-valid
 // MessageId (gofish's own payload is refused by strict BMCs).
-func (b *bmc) SendTestEvent(ctx context.Context, eventType, message string) error {
+func (b *bmc) SendTestEvent(ctx context.Context, e sdk.TestEvent) error {
+	eventType, message := e.EventType, e.Message
 	return b.c.do(ctx, "send a test event", func(client *gofish.APIClient) error {
 		es, err := eventService(client)
 		if err != nil {

@@ -240,29 +240,41 @@ func (b *RemoteBMC) EventCapabilities(ctx context.Context) (EventCapabilities, e
 	if err != nil {
 		return EventCapabilities{}, fromStatus(ctx, err)
 	}
-	return EventCapabilities{EventTypes: r.EventTypes, TestEvent: r.TestEvent, EventTypesRequired: r.EventTypesRequired, MaxSubscriptions: int(r.MaxSubscriptions)}, nil
+	return EventCapabilities{
+		ServiceEnabled: r.ServiceEnabled, Version: r.Version,
+		EventTypes: r.EventTypes, RegistryPrefixes: r.RegistryPrefixes, ResourceTypes: r.ResourceTypes,
+		EventTypesRequired: r.EventTypesRequired, DeliveryRetryPolicy: r.DeliveryRetryPolicy,
+		TestEvent: r.TestEvent, Resume: r.Resume, MaxSubscriptions: int(r.MaxSubscriptions),
+	}, nil
 }
 
-func (b *RemoteBMC) Subscriptions(ctx context.Context) ([]Subscription, error) {
+func (b *RemoteBMC) ListSubscriptions(ctx context.Context) (ListResult, error) {
 	if !b.caps[CapEvents] {
-		return nil, ErrUnsupported
+		return ListResult{}, ErrUnsupported
 	}
 	r, err := b.c.ListSubscriptions(ctx, &driverpb.SessionRequest{Session: b.session})
 	if err != nil {
-		return nil, fromStatus(ctx, err)
+		return ListResult{}, fromStatus(ctx, err)
 	}
-	out := make([]Subscription, 0, len(r.Subscriptions))
+	out := ListResult{Undecodable: r.Undecodable}
 	for _, s := range r.Subscriptions {
-		out = append(out, subFromPB(s))
+		out.Subscriptions = append(out.Subscriptions, subFromPB(s))
 	}
 	return out, nil
 }
 
-func (b *RemoteBMC) Subscribe(ctx context.Context, s SubscriptionSpec) (Subscription, error) {
+// Subscribe sends the spec (header values included: the plugin connection
+// is mutually authenticated TLS) and rebuilds the result and the error,
+// which travel together.
+func (b *RemoteBMC) Subscribe(ctx context.Context, s SubscriptionSpec) (CreateResult, error) {
 	if !b.caps[CapEvents] {
-		return Subscription{}, ErrUnsupported
+		return CreateResult{Quirks: s.Quirks}, ErrUnsupported
 	}
-	req := &driverpb.CreateSubscriptionRequest{Session: b.session, Destination: s.Destination, Context: s.Context, EventTypes: s.EventTypes}
+	req := &driverpb.CreateSubscriptionRequest{
+		Session: b.session, Destination: s.Destination, Context: s.Context,
+		EventTypes: s.EventTypes, RegistryPrefixes: s.RegistryPrefixes, ResourceTypes: s.ResourceTypes,
+		DeliveryRetryPolicy: s.DeliveryRetryPolicy, Quirks: s.Quirks,
+	}
 	if len(s.Headers) > 0 {
 		req.Headers = make(map[string]string, len(s.Headers))
 		for k, v := range s.Headers {
@@ -271,31 +283,52 @@ func (b *RemoteBMC) Subscribe(ctx context.Context, s SubscriptionSpec) (Subscrip
 	}
 	r, err := b.c.CreateSubscription(ctx, req)
 	if err != nil {
-		return Subscription{}, fromStatus(ctx, err)
+		err = fromStatus(ctx, err)
+		// A call the plugin refused outright did nothing; a call whose
+		// answer was lost (the plugin died, the deadline passed) may have
+		// created the subscription.
+		c := ClassOf(err)
+		return CreateResult{Ambiguous: c == ClassPlugin || c == ClassTimeout, Quirks: s.Quirks}, err
 	}
-	return subFromPB(r), nil
+	res := CreateResult{Ambiguous: r.Ambiguous, Quirks: r.Quirks}
+	if r.Subscription != nil {
+		res.Subscription = subFromPB(r.Subscription)
+	}
+	if e := r.GetError(); e != nil {
+		return res, &Error{Class: Class(e.Class), Msg: e.Message}
+	}
+	return res, nil
 }
 
-func (b *RemoteBMC) Unsubscribe(ctx context.Context, id string) error {
+func (b *RemoteBMC) Unsubscribe(ctx context.Context, uri string) error {
 	if !b.caps[CapEvents] {
 		return ErrUnsupported
 	}
-	_, err := b.c.DeleteSubscription(ctx, &driverpb.SubscriptionRequest{Session: b.session, Id: id})
+	_, err := b.c.DeleteSubscription(ctx, &driverpb.SubscriptionRequest{Session: b.session, Uri: uri})
 	return fromStatus(ctx, err)
 }
 
-func (b *RemoteBMC) SetSubscriptionContext(ctx context.Context, id, context string) error {
+func (b *RemoteBMC) SetSubscriptionContext(ctx context.Context, uri, context string) error {
 	if !b.caps[CapEvents] {
 		return ErrUnsupported
 	}
-	_, err := b.c.SetSubscriptionContext(ctx, &driverpb.SubscriptionRequest{Session: b.session, Id: id, Context: context})
+	_, err := b.c.SetSubscriptionContext(ctx, &driverpb.SubscriptionRequest{Session: b.session, Uri: uri, Context: context})
 	return fromStatus(ctx, err)
 }
 
-func (b *RemoteBMC) SendTestEvent(ctx context.Context, eventType, message string) error {
+func (b *RemoteBMC) ResumeSubscription(ctx context.Context, uri string) error {
 	if !b.caps[CapEvents] {
 		return ErrUnsupported
 	}
-	_, err := b.c.SendTestEvent(ctx, &driverpb.TestEventRequest{Session: b.session, EventType: eventType, Message: message})
+	_, err := b.c.ResumeSubscription(ctx, &driverpb.SubscriptionRequest{Session: b.session, Uri: uri})
+	return fromStatus(ctx, err)
+}
+
+func (b *RemoteBMC) SendTestEvent(ctx context.Context, e TestEvent) error {
+	if !b.caps[CapEvents] {
+		return ErrUnsupported
+	}
+	_, err := b.c.SendTestEvent(ctx, &driverpb.TestEventRequest{Session: b.session, EventType: e.EventType,
+		MessageId: e.MessageID, Message: e.Message, Severity: e.Severity})
 	return fromStatus(ctx, err)
 }

@@ -24,6 +24,11 @@ const (
 	ClassTimeout     Class = "timeout"
 	ClassProtocol    Class = "protocol"
 	ClassPrivilege   Class = "privilege"
+	// ClassQuota: the BMC has no room for more (subscription limit).
+	ClassQuota Class = "quota_exceeded"
+	// ClassConflict: the thing already exists (a BMC that allows one
+	// subscription per destination).
+	ClassConflict Class = "already_exists"
 	// ClassInternal is any driver error that is not classified.
 	ClassInternal Class = "internal"
 	// ClassPlugin is a failure of the plugin process itself (it exited or
@@ -42,6 +47,8 @@ var (
 	ErrTimeout     = &Error{Class: ClassTimeout, Msg: "timed out"}
 	ErrProtocol    = &Error{Class: ClassProtocol, Msg: "BMC protocol error"}
 	ErrPrivilege   = &Error{Class: ClassPrivilege, Msg: "insufficient privilege on the BMC"}
+	ErrQuota       = &Error{Class: ClassQuota, Msg: "BMC limit reached"}
+	ErrConflict    = &Error{Class: ClassConflict, Msg: "already exists on the BMC"}
 	ErrPlugin      = &Error{Class: ClassPlugin, Msg: "driver plugin failed"}
 )
 
@@ -93,6 +100,8 @@ var classCodes = map[Class]codes.Code{
 	ClassTimeout:     codes.DeadlineExceeded,
 	ClassProtocol:    codes.Internal,
 	ClassPrivilege:   codes.PermissionDenied,
+	ClassQuota:       codes.ResourceExhausted,
+	ClassConflict:    codes.AlreadyExists,
 	ClassInternal:    codes.Unknown,
 	ClassPlugin:      codes.Unknown,
 }

@@ -207,44 +207,170 @@ type Identifier interface {
 	Identity(ctx context.Context) (Identity, error)
 }
 
-// EventCapabilities describe a BMC's event service.
+// EventCapabilities describe a BMC's event service (Redfish EventService
+// or its equivalent).
 type EventCapabilities struct {
-	// EventTypes the BMC can send; empty when the BMC does not list them.
+	// ServiceEnabled is false when the BMC has an event service that is
+	// switched off: subscriptions are accepted but nothing is sent.
+	ServiceEnabled bool
+	// Version is the event service's schema version, e.g. "1.5.0"; "" when
+	// unknown.
+	Version string
+	// EventTypes the BMC accepts in a subscription
+	// (EventTypesForSubscription); empty when it does not list them.
 	EventTypes []string
-	// TestEvent reports whether the BMC can send a test event.
-	TestEvent bool
-	// EventTypesRequired reports whether a subscription must name types.
+	// RegistryPrefixes and ResourceTypes the BMC can filter on; empty means
+	// it cannot.
+	RegistryPrefixes []string
+	ResourceTypes    []string
+	// EventTypesRequired reports that a subscription must name event types
+	// (old services filter by type only).
 	EventTypesRequired bool
+	// DeliveryRetryPolicy reports that the BMC accepts DeliveryRetryPolicy.
+	DeliveryRetryPolicy bool
+	// TestEvent reports that the BMC can send a test event.
+	TestEvent bool
+	// Resume reports that the BMC advertises the ResumeSubscription action
+	// (for subscriptions it suspended after failed deliveries).
+	Resume bool
 	// MaxSubscriptions is the BMC's limit, 0 when unknown.
 	MaxSubscriptions int
 }
 
-// Subscription is one event subscription on a BMC.
+// Subscription is one event subscription on a BMC, as the BMC lists it.
 type Subscription struct {
-	ID          string
+	// URI is the member's @odata.id exactly as the BMC lists it: the handle
+	// for every other call. It is never built from ID.
+	URI string
+	// ID is the BMC's Id (informational; some BMCs use numbers).
+	ID string
+	// Destination, Context and Protocol as the BMC reports them (some BMCs
+	// do not return Context).
 	Destination string
 	Context     string
-	EventTypes  []string
 	Protocol    string
+	// State is the subscription's Status.State ("Enabled", "Disabled" for a
+	// suspended one), "" when not reported.
+	State string
+	// SubscriptionType is "RedfishEvent", "SSE", ...; "" when not reported.
+	SubscriptionType string
+	EventTypes       []string
 }
 
 // SubscriptionSpec asks for a new subscription.
 type SubscriptionSpec struct {
+	// Destination is the URL the BMC posts events to.
 	Destination string
-	Context     string
-	EventTypes  []string
-	// Headers are sent with each event; values are secrets.
+	// Context is sent with every event; it is how the caller recognises its
+	// subscriptions among others on the BMC.
+	Context string
+	// EventTypes, RegistryPrefixes and ResourceTypes filter events. A
+	// driver sends each only where the BMC supports (or requires) it.
+	EventTypes       []string
+	RegistryPrefixes []string
+	ResourceTypes    []string
+	// Headers are sent by the BMC with each event; values are secrets and
+	// never appear in errors or logs.
 	Headers map[string]Secret
+	// DeliveryRetryPolicy is the BMC's policy after failed deliveries; ""
+	// is the driver's choice (RetryForever where supported).
+	DeliveryRetryPolicy string
+	// Quirks are vendor quirks learned earlier (persisted by the caller);
+	// the driver adapts the payload to them.
+	Quirks []string
 }
 
-// EventSubscriber manages event subscriptions on a BMC.
+// Vendor quirks a driver learns while subscribing. They are stable strings:
+// callers persist them and give them back in SubscriptionSpec.Quirks.
+const (
+	// QuirkNoEventTypes: the BMC refuses EventTypes (PropertyUnknown).
+	QuirkNoEventTypes = "no_event_types"
+	// QuirkRequiresEventTypes: the BMC refuses a subscription without
+	// EventTypes.
+	QuirkRequiresEventTypes = "requires_event_types"
+	// QuirkNoDeliveryRetryPolicy: the BMC refuses DeliveryRetryPolicy.
+	QuirkNoDeliveryRetryPolicy = "no_delivery_retry_policy"
+	// QuirkContextNotReturned: the BMC does not return Context when read;
+	// match subscriptions by Destination instead.
+	QuirkContextNotReturned = "context_not_returned"
+	// QuirkUniqueDestination: the BMC allows one subscription per
+	// Destination.
+	QuirkUniqueDestination = "unique_destination"
+	// QuirkNoHTTPHeaders: the BMC refuses HttpHeaders.
+	QuirkNoHTTPHeaders = "no_http_headers"
+	// QuirkNoLocation: the BMC answers a create without a Location.
+	QuirkNoLocation = "no_location"
+	// QuirkHTTPSOnly: the BMC refuses http:// destinations.
+	QuirkHTTPSOnly = "https_only"
+)
+
+// CreateResult is the outcome of Subscribe. It is returned even when
+// Subscribe fails, because quirks learned on the way (unique_destination,
+// https_only) are worth keeping.
+type CreateResult struct {
+	// Subscription is the created subscription. Its URI is empty only when
+	// Ambiguous.
+	Subscription Subscription
+	// Ambiguous says the create may have happened (a timeout, a reset
+	// connection, a 2xx without Location after which listing did not find
+	// it): the caller must list before creating again. Subscribe then also
+	// returns an error saying why.
+	Ambiguous bool
+	// Quirks is every quirk in effect after the call: the given ones plus
+	// those learned.
+	Quirks []string
+}
+
+// ListResult is the BMC's subscriptions.
+type ListResult struct {
+	Subscriptions []Subscription
+	// Undecodable are member links that could not be read or decoded. One
+	// of them may be the caller's subscription: a caller must not create
+	// blindly while this is not empty.
+	Undecodable []string
+}
+
+// TestEvent describes a test event. Empty fields are the driver's choice.
+type TestEvent struct {
+	EventType string
+	MessageID string
+	Message   string
+	Severity  string
+}
+
+// EventSubscriber manages event subscriptions on a BMC. URIs are the ones
+// the BMC gives (Subscription.URI).
 type EventSubscriber interface {
+	// EventCapabilities describes the event service; ErrUnsupported when
+	// the BMC has none.
 	EventCapabilities(ctx context.Context) (EventCapabilities, error)
-	Subscriptions(ctx context.Context) ([]Subscription, error)
-	Subscribe(ctx context.Context, s SubscriptionSpec) (Subscription, error)
-	Unsubscribe(ctx context.Context, id string) error
-	SetSubscriptionContext(ctx context.Context, id, context string) error
-	SendTestEvent(ctx context.Context, eventType, message string) error
+	// ListSubscriptions lists every subscription on the BMC, including
+	// those other tools made. Members it cannot read go to Undecodable.
+	ListSubscriptions(ctx context.Context) (ListResult, error)
+	// Subscribe creates a subscription. Errors: ErrInvalid (a destination
+	// the BMC refuses; the message names Destination), ErrConflict (the
+	// BMC already has one for this destination), ErrQuota (no free slot),
+	// ErrAuth, and retryable classes.
+	Subscribe(ctx context.Context, s SubscriptionSpec) (CreateResult, error)
+	// Unsubscribe deletes a subscription; one that does not exist is nil.
+	Unsubscribe(ctx context.Context, uri string) error
+	// SetSubscriptionContext changes a subscription's Context.
+	SetSubscriptionContext(ctx context.Context, uri, context string) error
+	// ResumeSubscription re-enables a subscription the BMC suspended;
+	// ErrUnsupported when the BMC does not offer it.
+	ResumeSubscription(ctx context.Context, uri string) error
+	// SendTestEvent asks the BMC to send a test event to its subscribers.
+	SendTestEvent(ctx context.Context, e TestEvent) error
+}
+
+// HasQuirk reports whether q is in quirks.
+func HasQuirk(quirks []string, q string) bool {
+	for _, x := range quirks {
+		if x == q {
+			return true
+		}
+	}
+	return false
 }
 
 // Capability names a capability on the wire and in listings.

@@ -303,8 +303,10 @@ func (s *server) EventCapabilities(ctx context.Context, req *driverpb.SessionReq
 		return nil, toStatus(err)
 	}
 	return &driverpb.EventCapabilitiesResponse{
-		EventTypes: c.EventTypes, TestEvent: c.TestEvent,
-		EventTypesRequired: c.EventTypesRequired, MaxSubscriptions: int32(c.MaxSubscriptions),
+		ServiceEnabled: c.ServiceEnabled, Version: c.Version,
+		EventTypes: c.EventTypes, RegistryPrefixes: c.RegistryPrefixes, ResourceTypes: c.ResourceTypes,
+		EventTypesRequired: c.EventTypesRequired, DeliveryRetryPolicy: c.DeliveryRetryPolicy,
+		TestEvent: c.TestEvent, Resume: c.Resume, MaxSubscriptions: int32(c.MaxSubscriptions),
 	}, nil
 }
 
@@ -313,34 +315,41 @@ func (s *server) ListSubscriptions(ctx context.Context, req *driverpb.SessionReq
 	if err != nil {
 		return nil, err
 	}
-	subs, err := e.Subscriptions(ctx)
+	l, err := e.ListSubscriptions(ctx)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	resp := &driverpb.ListSubscriptionsResponse{}
-	for _, sub := range subs {
+	resp := &driverpb.ListSubscriptionsResponse{Undecodable: l.Undecodable}
+	for _, sub := range l.Subscriptions {
 		resp.Subscriptions = append(resp.Subscriptions, subToPB(sub))
 	}
 	return resp, nil
 }
 
-func (s *server) CreateSubscription(ctx context.Context, req *driverpb.CreateSubscriptionRequest) (*driverpb.Subscription, error) {
+// CreateSubscription answers the driver's error inside the response, so
+// the result (quirks learned, ambiguity) travels with it.
+func (s *server) CreateSubscription(ctx context.Context, req *driverpb.CreateSubscriptionRequest) (*driverpb.CreateSubscriptionResponse, error) {
 	e, err := capOf[EventSubscriber](s, req.Session)
 	if err != nil {
 		return nil, err
 	}
-	spec := SubscriptionSpec{Destination: req.Destination, Context: req.Context, EventTypes: req.EventTypes}
+	spec := SubscriptionSpec{
+		Destination: req.Destination, Context: req.Context,
+		EventTypes: req.EventTypes, RegistryPrefixes: req.RegistryPrefixes, ResourceTypes: req.ResourceTypes,
+		DeliveryRetryPolicy: req.DeliveryRetryPolicy, Quirks: req.Quirks,
+	}
 	if len(req.Headers) > 0 {
 		spec.Headers = make(map[string]Secret, len(req.Headers))
 		for k, v := range req.Headers {
 			spec.Headers[k] = Secret(v)
 		}
 	}
-	sub, err := e.Subscribe(ctx, spec)
+	res, err := e.Subscribe(ctx, spec)
+	resp := &driverpb.CreateSubscriptionResponse{Subscription: subToPB(res.Subscription), Ambiguous: res.Ambiguous, Quirks: res.Quirks}
 	if err != nil {
-		return nil, toStatus(err)
+		resp.Error = &driverpb.DriverError{Class: string(ClassOf(err)), Message: err.Error()}
 	}
-	return subToPB(sub), nil
+	return resp, nil
 }
 
 func (s *server) DeleteSubscription(ctx context.Context, req *driverpb.SubscriptionRequest) (*driverpb.Empty, error) {
@@ -348,7 +357,7 @@ func (s *server) DeleteSubscription(ctx context.Context, req *driverpb.Subscript
 	if err != nil {
 		return nil, err
 	}
-	return &driverpb.Empty{}, toStatus(e.Unsubscribe(ctx, req.Id))
+	return &driverpb.Empty{}, toStatus(e.Unsubscribe(ctx, req.Uri))
 }
 
 func (s *server) SetSubscriptionContext(ctx context.Context, req *driverpb.SubscriptionRequest) (*driverpb.Empty, error) {
@@ -356,7 +365,15 @@ func (s *server) SetSubscriptionContext(ctx context.Context, req *driverpb.Subsc
 	if err != nil {
 		return nil, err
 	}
-	return &driverpb.Empty{}, toStatus(e.SetSubscriptionContext(ctx, req.Id, req.Context))
+	return &driverpb.Empty{}, toStatus(e.SetSubscriptionContext(ctx, req.Uri, req.Context))
+}
+
+func (s *server) ResumeSubscription(ctx context.Context, req *driverpb.SubscriptionRequest) (*driverpb.Empty, error) {
+	e, err := capOf[EventSubscriber](s, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	return &driverpb.Empty{}, toStatus(e.ResumeSubscription(ctx, req.Uri))
 }
 
 func (s *server) SendTestEvent(ctx context.Context, req *driverpb.TestEventRequest) (*driverpb.Empty, error) {
@@ -364,13 +381,15 @@ func (s *server) SendTestEvent(ctx context.Context, req *driverpb.TestEventReque
 	if err != nil {
 		return nil, err
 	}
-	return &driverpb.Empty{}, toStatus(e.SendTestEvent(ctx, req.EventType, req.Message))
+	return &driverpb.Empty{}, toStatus(e.SendTestEvent(ctx, TestEvent{EventType: req.EventType, MessageID: req.MessageId, Message: req.Message, Severity: req.Severity}))
 }
 
 func subToPB(s Subscription) *driverpb.Subscription {
-	return &driverpb.Subscription{Id: s.ID, Destination: s.Destination, Context: s.Context, EventTypes: s.EventTypes, Protocol: s.Protocol}
+	return &driverpb.Subscription{Uri: s.URI, Id: s.ID, Destination: s.Destination, Context: s.Context, Protocol: s.Protocol,
+		State: s.State, SubscriptionType: s.SubscriptionType, EventTypes: s.EventTypes}
 }
 
 func subFromPB(s *driverpb.Subscription) Subscription {
-	return Subscription{ID: s.Id, Destination: s.Destination, Context: s.Context, EventTypes: s.EventTypes, Protocol: s.Protocol}
+	return Subscription{URI: s.Uri, ID: s.Id, Destination: s.Destination, Context: s.Context, Protocol: s.Protocol,
+		State: s.State, SubscriptionType: s.SubscriptionType, EventTypes: s.EventTypes}
 }

@@ -744,8 +744,15 @@ type EventCapabilitiesResponse struct {
 	TestEvent          bool                   `protobuf:"varint,2,opt,name=test_event,json=testEvent,proto3" json:"test_event,omitempty"`
 	EventTypesRequired bool                   `protobuf:"varint,3,opt,name=event_types_required,json=eventTypesRequired,proto3" json:"event_types_required,omitempty"`
 	MaxSubscriptions   int32                  `protobuf:"varint,4,opt,name=max_subscriptions,json=maxSubscriptions,proto3" json:"max_subscriptions,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	ServiceEnabled     bool                   `protobuf:"varint,5,opt,name=service_enabled,json=serviceEnabled,proto3" json:"service_enabled,omitempty"`
+	// version is the event service's schema version ("1.5.0"), "" unknown.
+	Version             string   `protobuf:"bytes,6,opt,name=version,proto3" json:"version,omitempty"`
+	RegistryPrefixes    []string `protobuf:"bytes,7,rep,name=registry_prefixes,json=registryPrefixes,proto3" json:"registry_prefixes,omitempty"`
+	ResourceTypes       []string `protobuf:"bytes,8,rep,name=resource_types,json=resourceTypes,proto3" json:"resource_types,omitempty"`
+	DeliveryRetryPolicy bool     `protobuf:"varint,9,opt,name=delivery_retry_policy,json=deliveryRetryPolicy,proto3" json:"delivery_retry_policy,omitempty"`
+	Resume              bool     `protobuf:"varint,10,opt,name=resume,proto3" json:"resume,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *EventCapabilitiesResponse) Reset() {
@@ -806,15 +813,62 @@ func (x *EventCapabilitiesResponse) GetMaxSubscriptions() int32 {
 	return 0
 }
 
+func (x *EventCapabilitiesResponse) GetServiceEnabled() bool {
+	if x != nil {
+		return x.ServiceEnabled
+	}
+	return false
+}
+
+func (x *EventCapabilitiesResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *EventCapabilitiesResponse) GetRegistryPrefixes() []string {
+	if x != nil {
+		return x.RegistryPrefixes
+	}
+	return nil
+}
+
+func (x *EventCapabilitiesResponse) GetResourceTypes() []string {
+	if x != nil {
+		return x.ResourceTypes
+	}
+	return nil
+}
+
+func (x *EventCapabilitiesResponse) GetDeliveryRetryPolicy() bool {
+	if x != nil {
+		return x.DeliveryRetryPolicy
+	}
+	return false
+}
+
+func (x *EventCapabilitiesResponse) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
+}
+
 type Subscription struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Destination   string                 `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
-	Context       string                 `protobuf:"bytes,3,opt,name=context,proto3" json:"context,omitempty"`
-	EventTypes    []string               `protobuf:"bytes,4,rep,name=event_types,json=eventTypes,proto3" json:"event_types,omitempty"`
-	Protocol      string                 `protobuf:"bytes,5,opt,name=protocol,proto3" json:"protocol,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the BMC's Id (informational).
+	Id          string   `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Destination string   `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	Context     string   `protobuf:"bytes,3,opt,name=context,proto3" json:"context,omitempty"`
+	EventTypes  []string `protobuf:"bytes,4,rep,name=event_types,json=eventTypes,proto3" json:"event_types,omitempty"`
+	Protocol    string   `protobuf:"bytes,5,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// uri is the member's @odata.id as the BMC lists it: the handle.
+	Uri              string `protobuf:"bytes,6,opt,name=uri,proto3" json:"uri,omitempty"`
+	State            string `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
+	SubscriptionType string `protobuf:"bytes,8,opt,name=subscription_type,json=subscriptionType,proto3" json:"subscription_type,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Subscription) Reset() {
@@ -882,9 +936,32 @@ func (x *Subscription) GetProtocol() string {
 	return ""
 }
 
+func (x *Subscription) GetUri() string {
+	if x != nil {
+		return x.Uri
+	}
+	return ""
+}
+
+func (x *Subscription) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Subscription) GetSubscriptionType() string {
+	if x != nil {
+		return x.SubscriptionType
+	}
+	return ""
+}
+
 type ListSubscriptionsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Subscriptions []*Subscription        `protobuf:"bytes,1,rep,name=subscriptions,proto3" json:"subscriptions,omitempty"`
+	// undecodable are member links that could not be read or decoded.
+	Undecodable   []string `protobuf:"bytes,2,rep,name=undecodable,proto3" json:"undecodable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -926,6 +1003,13 @@ func (x *ListSubscriptionsResponse) GetSubscriptions() []*Subscription {
 	return nil
 }
 
+func (x *ListSubscriptionsResponse) GetUndecodable() []string {
+	if x != nil {
+		return x.Undecodable
+	}
+	return nil
+}
+
 type CreateSubscriptionRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Session     string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -933,7 +1017,13 @@ type CreateSubscriptionRequest struct {
 	Context     string                 `protobuf:"bytes,3,opt,name=context,proto3" json:"context,omitempty"`
 	EventTypes  []string               `protobuf:"bytes,4,rep,name=event_types,json=eventTypes,proto3" json:"event_types,omitempty"`
 	// headers are sent by the BMC with each event (e.g. an auth header).
-	Headers       map[string]string `protobuf:"bytes,5,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Their values are secrets.
+	Headers             map[string]string `protobuf:"bytes,5,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	RegistryPrefixes    []string          `protobuf:"bytes,6,rep,name=registry_prefixes,json=registryPrefixes,proto3" json:"registry_prefixes,omitempty"`
+	ResourceTypes       []string          `protobuf:"bytes,7,rep,name=resource_types,json=resourceTypes,proto3" json:"resource_types,omitempty"`
+	DeliveryRetryPolicy string            `protobuf:"bytes,8,opt,name=delivery_retry_policy,json=deliveryRetryPolicy,proto3" json:"delivery_retry_policy,omitempty"`
+	// quirks learned earlier for this BMC.
+	Quirks        []string `protobuf:"bytes,9,rep,name=quirks,proto3" json:"quirks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1003,18 +1093,172 @@ func (x *CreateSubscriptionRequest) GetHeaders() map[string]string {
 	return nil
 }
 
+func (x *CreateSubscriptionRequest) GetRegistryPrefixes() []string {
+	if x != nil {
+		return x.RegistryPrefixes
+	}
+	return nil
+}
+
+func (x *CreateSubscriptionRequest) GetResourceTypes() []string {
+	if x != nil {
+		return x.ResourceTypes
+	}
+	return nil
+}
+
+func (x *CreateSubscriptionRequest) GetDeliveryRetryPolicy() string {
+	if x != nil {
+		return x.DeliveryRetryPolicy
+	}
+	return ""
+}
+
+func (x *CreateSubscriptionRequest) GetQuirks() []string {
+	if x != nil {
+		return x.Quirks
+	}
+	return nil
+}
+
+// DriverError is a classified driver error carried inside a response.
+type DriverError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// class is the sdk error class ("invalid_argument", "quota_exceeded"...).
+	Class         string `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DriverError) Reset() {
+	*x = DriverError{}
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DriverError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DriverError) ProtoMessage() {}
+
+func (x *DriverError) ProtoReflect() protoreflect.Message {
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DriverError.ProtoReflect.Descriptor instead.
+func (*DriverError) Descriptor() ([]byte, []int) {
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DriverError) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *DriverError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type CreateSubscriptionResponse struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Subscription *Subscription          `protobuf:"bytes,1,opt,name=subscription,proto3" json:"subscription,omitempty"`
+	// ambiguous: the create may have happened; list before creating again.
+	Ambiguous bool `protobuf:"varint,2,opt,name=ambiguous,proto3" json:"ambiguous,omitempty"`
+	// quirks in effect after the call (given plus learned).
+	Quirks []string `protobuf:"bytes,3,rep,name=quirks,proto3" json:"quirks,omitempty"`
+	// error is set when the create failed.
+	Error         *DriverError `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSubscriptionResponse) Reset() {
+	*x = CreateSubscriptionResponse{}
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSubscriptionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSubscriptionResponse) ProtoMessage() {}
+
+func (x *CreateSubscriptionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSubscriptionResponse.ProtoReflect.Descriptor instead.
+func (*CreateSubscriptionResponse) Descriptor() ([]byte, []int) {
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CreateSubscriptionResponse) GetSubscription() *Subscription {
+	if x != nil {
+		return x.Subscription
+	}
+	return nil
+}
+
+func (x *CreateSubscriptionResponse) GetAmbiguous() bool {
+	if x != nil {
+		return x.Ambiguous
+	}
+	return false
+}
+
+func (x *CreateSubscriptionResponse) GetQuirks() []string {
+	if x != nil {
+		return x.Quirks
+	}
+	return nil
+}
+
+func (x *CreateSubscriptionResponse) GetError() *DriverError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
 type SubscriptionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
-	Context       string                 `protobuf:"bytes,3,opt,name=context,proto3" json:"context,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// uri is the subscription's @odata.id (Subscription.uri).
+	Uri           string `protobuf:"bytes,2,opt,name=uri,proto3" json:"uri,omitempty"`
+	Context       string `protobuf:"bytes,3,opt,name=context,proto3" json:"context,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SubscriptionRequest) Reset() {
 	*x = SubscriptionRequest{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[17]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1270,7 @@ func (x *SubscriptionRequest) String() string {
 func (*SubscriptionRequest) ProtoMessage() {}
 
 func (x *SubscriptionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[17]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1283,7 @@ func (x *SubscriptionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscriptionRequest.ProtoReflect.Descriptor instead.
 func (*SubscriptionRequest) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{17}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SubscriptionRequest) GetSession() string {
@@ -1049,9 +1293,9 @@ func (x *SubscriptionRequest) GetSession() string {
 	return ""
 }
 
-func (x *SubscriptionRequest) GetId() string {
+func (x *SubscriptionRequest) GetUri() string {
 	if x != nil {
-		return x.Id
+		return x.Uri
 	}
 	return ""
 }
@@ -1068,13 +1312,15 @@ type TestEventRequest struct {
 	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	EventType     string                 `protobuf:"bytes,2,opt,name=event_type,json=eventType,proto3" json:"event_type,omitempty"`
 	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	MessageId     string                 `protobuf:"bytes,4,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	Severity      string                 `protobuf:"bytes,5,opt,name=severity,proto3" json:"severity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TestEventRequest) Reset() {
 	*x = TestEventRequest{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[18]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1332,7 @@ func (x *TestEventRequest) String() string {
 func (*TestEventRequest) ProtoMessage() {}
 
 func (x *TestEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[18]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1345,7 @@ func (x *TestEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TestEventRequest.ProtoReflect.Descriptor instead.
 func (*TestEventRequest) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{18}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TestEventRequest) GetSession() string {
@@ -1119,6 +1365,20 @@ func (x *TestEventRequest) GetEventType() string {
 func (x *TestEventRequest) GetMessage() string {
 	if x != nil {
 		return x.Message
+	}
+	return ""
+}
+
+func (x *TestEventRequest) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+func (x *TestEventRequest) GetSeverity() string {
+	if x != nil {
+		return x.Severity
 	}
 	return ""
 }
@@ -1177,42 +1437,68 @@ const file_plugins_sdk_internal_driverpb_driver_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
 	"\x04read\x18\x03 \x01(\bR\x04read\"#\n" +
 	"\rConsoleOutput\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\xba\x01\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x9d\x03\n" +
 	"\x19EventCapabilitiesResponse\x12\x1f\n" +
 	"\vevent_types\x18\x01 \x03(\tR\n" +
 	"eventTypes\x12\x1d\n" +
 	"\n" +
 	"test_event\x18\x02 \x01(\bR\ttestEvent\x120\n" +
 	"\x14event_types_required\x18\x03 \x01(\bR\x12eventTypesRequired\x12+\n" +
-	"\x11max_subscriptions\x18\x04 \x01(\x05R\x10maxSubscriptions\"\x97\x01\n" +
+	"\x11max_subscriptions\x18\x04 \x01(\x05R\x10maxSubscriptions\x12'\n" +
+	"\x0fservice_enabled\x18\x05 \x01(\bR\x0eserviceEnabled\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\tR\aversion\x12+\n" +
+	"\x11registry_prefixes\x18\a \x03(\tR\x10registryPrefixes\x12%\n" +
+	"\x0eresource_types\x18\b \x03(\tR\rresourceTypes\x122\n" +
+	"\x15delivery_retry_policy\x18\t \x01(\bR\x13deliveryRetryPolicy\x12\x16\n" +
+	"\x06resume\x18\n" +
+	" \x01(\bR\x06resume\"\xec\x01\n" +
 	"\fSubscription\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12 \n" +
 	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x18\n" +
 	"\acontext\x18\x03 \x01(\tR\acontext\x12\x1f\n" +
 	"\vevent_types\x18\x04 \x03(\tR\n" +
 	"eventTypes\x12\x1a\n" +
-	"\bprotocol\x18\x05 \x01(\tR\bprotocol\"a\n" +
+	"\bprotocol\x18\x05 \x01(\tR\bprotocol\x12\x10\n" +
+	"\x03uri\x18\x06 \x01(\tR\x03uri\x12\x14\n" +
+	"\x05state\x18\a \x01(\tR\x05state\x12+\n" +
+	"\x11subscription_type\x18\b \x01(\tR\x10subscriptionType\"\x83\x01\n" +
 	"\x19ListSubscriptionsResponse\x12D\n" +
-	"\rsubscriptions\x18\x01 \x03(\v2\x1e.obmesh.driver.v1.SubscriptionR\rsubscriptions\"\xa2\x02\n" +
+	"\rsubscriptions\x18\x01 \x03(\v2\x1e.obmesh.driver.v1.SubscriptionR\rsubscriptions\x12 \n" +
+	"\vundecodable\x18\x02 \x03(\tR\vundecodable\"\xc2\x03\n" +
 	"\x19CreateSubscriptionRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12 \n" +
 	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x18\n" +
 	"\acontext\x18\x03 \x01(\tR\acontext\x12\x1f\n" +
 	"\vevent_types\x18\x04 \x03(\tR\n" +
 	"eventTypes\x12R\n" +
-	"\aheaders\x18\x05 \x03(\v28.obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntryR\aheaders\x1a:\n" +
+	"\aheaders\x18\x05 \x03(\v28.obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntryR\aheaders\x12+\n" +
+	"\x11registry_prefixes\x18\x06 \x03(\tR\x10registryPrefixes\x12%\n" +
+	"\x0eresource_types\x18\a \x03(\tR\rresourceTypes\x122\n" +
+	"\x15delivery_retry_policy\x18\b \x01(\tR\x13deliveryRetryPolicy\x12\x16\n" +
+	"\x06quirks\x18\t \x03(\tR\x06quirks\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Y\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"=\n" +
+	"\vDriverError\x12\x14\n" +
+	"\x05class\x18\x01 \x01(\tR\x05class\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xcb\x01\n" +
+	"\x1aCreateSubscriptionResponse\x12B\n" +
+	"\fsubscription\x18\x01 \x01(\v2\x1e.obmesh.driver.v1.SubscriptionR\fsubscription\x12\x1c\n" +
+	"\tambiguous\x18\x02 \x01(\bR\tambiguous\x12\x16\n" +
+	"\x06quirks\x18\x03 \x03(\tR\x06quirks\x123\n" +
+	"\x05error\x18\x04 \x01(\v2\x1d.obmesh.driver.v1.DriverErrorR\x05error\"[\n" +
 	"\x13SubscriptionRequest\x12\x18\n" +
-	"\asession\x18\x01 \x01(\tR\asession\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
-	"\acontext\x18\x03 \x01(\tR\acontext\"e\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x10\n" +
+	"\x03uri\x18\x02 \x01(\tR\x03uri\x12\x18\n" +
+	"\acontext\x18\x03 \x01(\tR\acontext\"\xa0\x01\n" +
 	"\x10TestEventRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x1d\n" +
 	"\n" +
 	"event_type\x18\x02 \x01(\tR\teventType\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage2\x95\t\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x04 \x01(\tR\tmessageId\x12\x1a\n" +
+	"\bseverity\x18\x05 \x01(\tR\bseverity2\xf9\t\n" +
 	"\x06Driver\x12E\n" +
 	"\x04Info\x12\x1d.obmesh.driver.v1.InfoRequest\x1a\x1e.obmesh.driver.v1.InfoResponse\x12E\n" +
 	"\x04Open\x12\x1d.obmesh.driver.v1.OpenRequest\x1a\x1e.obmesh.driver.v1.OpenResponse\x12B\n" +
@@ -1224,10 +1510,11 @@ const file_plugins_sdk_internal_driverpb_driver_proto_rawDesc = "" +
 	"\bIdentity\x12 .obmesh.driver.v1.SessionRequest\x1a\".obmesh.driver.v1.IdentityResponse\x12N\n" +
 	"\aConsole\x12\x1e.obmesh.driver.v1.ConsoleInput\x1a\x1f.obmesh.driver.v1.ConsoleOutput(\x010\x01\x12b\n" +
 	"\x11EventCapabilities\x12 .obmesh.driver.v1.SessionRequest\x1a+.obmesh.driver.v1.EventCapabilitiesResponse\x12b\n" +
-	"\x11ListSubscriptions\x12 .obmesh.driver.v1.SessionRequest\x1a+.obmesh.driver.v1.ListSubscriptionsResponse\x12a\n" +
-	"\x12CreateSubscription\x12+.obmesh.driver.v1.CreateSubscriptionRequest\x1a\x1e.obmesh.driver.v1.Subscription\x12T\n" +
+	"\x11ListSubscriptions\x12 .obmesh.driver.v1.SessionRequest\x1a+.obmesh.driver.v1.ListSubscriptionsResponse\x12o\n" +
+	"\x12CreateSubscription\x12+.obmesh.driver.v1.CreateSubscriptionRequest\x1a,.obmesh.driver.v1.CreateSubscriptionResponse\x12T\n" +
 	"\x12DeleteSubscription\x12%.obmesh.driver.v1.SubscriptionRequest\x1a\x17.obmesh.driver.v1.Empty\x12X\n" +
-	"\x16SetSubscriptionContext\x12%.obmesh.driver.v1.SubscriptionRequest\x1a\x17.obmesh.driver.v1.Empty\x12L\n" +
+	"\x16SetSubscriptionContext\x12%.obmesh.driver.v1.SubscriptionRequest\x1a\x17.obmesh.driver.v1.Empty\x12T\n" +
+	"\x12ResumeSubscription\x12%.obmesh.driver.v1.SubscriptionRequest\x1a\x17.obmesh.driver.v1.Empty\x12L\n" +
 	"\rSendTestEvent\x12\".obmesh.driver.v1.TestEventRequest\x1a\x17.obmesh.driver.v1.EmptyB8Z6github.com/obmesh/obmesh/plugins/sdk/internal/driverpbb\x06proto3"
 
 var (
@@ -1242,70 +1529,76 @@ func file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP() []byte {
 	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescData
 }
 
-var file_plugins_sdk_internal_driverpb_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_plugins_sdk_internal_driverpb_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_plugins_sdk_internal_driverpb_driver_proto_goTypes = []any{
-	(*Empty)(nil),                     // 0: obmesh.driver.v1.Empty
-	(*InfoRequest)(nil),               // 1: obmesh.driver.v1.InfoRequest
-	(*InfoResponse)(nil),              // 2: obmesh.driver.v1.InfoResponse
-	(*Node)(nil),                      // 3: obmesh.driver.v1.Node
-	(*OpenRequest)(nil),               // 4: obmesh.driver.v1.OpenRequest
-	(*OpenResponse)(nil),              // 5: obmesh.driver.v1.OpenResponse
-	(*SessionRequest)(nil),            // 6: obmesh.driver.v1.SessionRequest
-	(*PowerStateResponse)(nil),        // 7: obmesh.driver.v1.PowerStateResponse
-	(*SetPowerRequest)(nil),           // 8: obmesh.driver.v1.SetPowerRequest
-	(*SetBootDeviceRequest)(nil),      // 9: obmesh.driver.v1.SetBootDeviceRequest
-	(*IdentityResponse)(nil),          // 10: obmesh.driver.v1.IdentityResponse
-	(*ConsoleInput)(nil),              // 11: obmesh.driver.v1.ConsoleInput
-	(*ConsoleOutput)(nil),             // 12: obmesh.driver.v1.ConsoleOutput
-	(*EventCapabilitiesResponse)(nil), // 13: obmesh.driver.v1.EventCapabilitiesResponse
-	(*Subscription)(nil),              // 14: obmesh.driver.v1.Subscription
-	(*ListSubscriptionsResponse)(nil), // 15: obmesh.driver.v1.ListSubscriptionsResponse
-	(*CreateSubscriptionRequest)(nil), // 16: obmesh.driver.v1.CreateSubscriptionRequest
-	(*SubscriptionRequest)(nil),       // 17: obmesh.driver.v1.SubscriptionRequest
-	(*TestEventRequest)(nil),          // 18: obmesh.driver.v1.TestEventRequest
-	nil,                               // 19: obmesh.driver.v1.Node.OptionsEntry
-	nil,                               // 20: obmesh.driver.v1.IdentityResponse.ExtraEntry
-	nil,                               // 21: obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntry
+	(*Empty)(nil),                      // 0: obmesh.driver.v1.Empty
+	(*InfoRequest)(nil),                // 1: obmesh.driver.v1.InfoRequest
+	(*InfoResponse)(nil),               // 2: obmesh.driver.v1.InfoResponse
+	(*Node)(nil),                       // 3: obmesh.driver.v1.Node
+	(*OpenRequest)(nil),                // 4: obmesh.driver.v1.OpenRequest
+	(*OpenResponse)(nil),               // 5: obmesh.driver.v1.OpenResponse
+	(*SessionRequest)(nil),             // 6: obmesh.driver.v1.SessionRequest
+	(*PowerStateResponse)(nil),         // 7: obmesh.driver.v1.PowerStateResponse
+	(*SetPowerRequest)(nil),            // 8: obmesh.driver.v1.SetPowerRequest
+	(*SetBootDeviceRequest)(nil),       // 9: obmesh.driver.v1.SetBootDeviceRequest
+	(*IdentityResponse)(nil),           // 10: obmesh.driver.v1.IdentityResponse
+	(*ConsoleInput)(nil),               // 11: obmesh.driver.v1.ConsoleInput
+	(*ConsoleOutput)(nil),              // 12: obmesh.driver.v1.ConsoleOutput
+	(*EventCapabilitiesResponse)(nil),  // 13: obmesh.driver.v1.EventCapabilitiesResponse
+	(*Subscription)(nil),               // 14: obmesh.driver.v1.Subscription
+	(*ListSubscriptionsResponse)(nil),  // 15: obmesh.driver.v1.ListSubscriptionsResponse
+	(*CreateSubscriptionRequest)(nil),  // 16: obmesh.driver.v1.CreateSubscriptionRequest
+	(*DriverError)(nil),                // 17: obmesh.driver.v1.DriverError
+	(*CreateSubscriptionResponse)(nil), // 18: obmesh.driver.v1.CreateSubscriptionResponse
+	(*SubscriptionRequest)(nil),        // 19: obmesh.driver.v1.SubscriptionRequest
+	(*TestEventRequest)(nil),           // 20: obmesh.driver.v1.TestEventRequest
+	nil,                                // 21: obmesh.driver.v1.Node.OptionsEntry
+	nil,                                // 22: obmesh.driver.v1.IdentityResponse.ExtraEntry
+	nil,                                // 23: obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntry
 }
 var file_plugins_sdk_internal_driverpb_driver_proto_depIdxs = []int32{
-	19, // 0: obmesh.driver.v1.Node.options:type_name -> obmesh.driver.v1.Node.OptionsEntry
+	21, // 0: obmesh.driver.v1.Node.options:type_name -> obmesh.driver.v1.Node.OptionsEntry
 	3,  // 1: obmesh.driver.v1.OpenRequest.node:type_name -> obmesh.driver.v1.Node
-	20, // 2: obmesh.driver.v1.IdentityResponse.extra:type_name -> obmesh.driver.v1.IdentityResponse.ExtraEntry
+	22, // 2: obmesh.driver.v1.IdentityResponse.extra:type_name -> obmesh.driver.v1.IdentityResponse.ExtraEntry
 	14, // 3: obmesh.driver.v1.ListSubscriptionsResponse.subscriptions:type_name -> obmesh.driver.v1.Subscription
-	21, // 4: obmesh.driver.v1.CreateSubscriptionRequest.headers:type_name -> obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntry
-	1,  // 5: obmesh.driver.v1.Driver.Info:input_type -> obmesh.driver.v1.InfoRequest
-	4,  // 6: obmesh.driver.v1.Driver.Open:input_type -> obmesh.driver.v1.OpenRequest
-	6,  // 7: obmesh.driver.v1.Driver.Close:input_type -> obmesh.driver.v1.SessionRequest
-	6,  // 8: obmesh.driver.v1.Driver.PowerState:input_type -> obmesh.driver.v1.SessionRequest
-	8,  // 9: obmesh.driver.v1.Driver.SetPower:input_type -> obmesh.driver.v1.SetPowerRequest
-	9,  // 10: obmesh.driver.v1.Driver.SetBootDevice:input_type -> obmesh.driver.v1.SetBootDeviceRequest
-	6,  // 11: obmesh.driver.v1.Driver.Identity:input_type -> obmesh.driver.v1.SessionRequest
-	11, // 12: obmesh.driver.v1.Driver.Console:input_type -> obmesh.driver.v1.ConsoleInput
-	6,  // 13: obmesh.driver.v1.Driver.EventCapabilities:input_type -> obmesh.driver.v1.SessionRequest
-	6,  // 14: obmesh.driver.v1.Driver.ListSubscriptions:input_type -> obmesh.driver.v1.SessionRequest
-	16, // 15: obmesh.driver.v1.Driver.CreateSubscription:input_type -> obmesh.driver.v1.CreateSubscriptionRequest
-	17, // 16: obmesh.driver.v1.Driver.DeleteSubscription:input_type -> obmesh.driver.v1.SubscriptionRequest
-	17, // 17: obmesh.driver.v1.Driver.SetSubscriptionContext:input_type -> obmesh.driver.v1.SubscriptionRequest
-	18, // 18: obmesh.driver.v1.Driver.SendTestEvent:input_type -> obmesh.driver.v1.TestEventRequest
-	2,  // 19: obmesh.driver.v1.Driver.Info:output_type -> obmesh.driver.v1.InfoResponse
-	5,  // 20: obmesh.driver.v1.Driver.Open:output_type -> obmesh.driver.v1.OpenResponse
-	0,  // 21: obmesh.driver.v1.Driver.Close:output_type -> obmesh.driver.v1.Empty
-	7,  // 22: obmesh.driver.v1.Driver.PowerState:output_type -> obmesh.driver.v1.PowerStateResponse
-	0,  // 23: obmesh.driver.v1.Driver.SetPower:output_type -> obmesh.driver.v1.Empty
-	0,  // 24: obmesh.driver.v1.Driver.SetBootDevice:output_type -> obmesh.driver.v1.Empty
-	10, // 25: obmesh.driver.v1.Driver.Identity:output_type -> obmesh.driver.v1.IdentityResponse
-	12, // 26: obmesh.driver.v1.Driver.Console:output_type -> obmesh.driver.v1.ConsoleOutput
-	13, // 27: obmesh.driver.v1.Driver.EventCapabilities:output_type -> obmesh.driver.v1.EventCapabilitiesResponse
-	15, // 28: obmesh.driver.v1.Driver.ListSubscriptions:output_type -> obmesh.driver.v1.ListSubscriptionsResponse
-	14, // 29: obmesh.driver.v1.Driver.CreateSubscription:output_type -> obmesh.driver.v1.Subscription
-	0,  // 30: obmesh.driver.v1.Driver.DeleteSubscription:output_type -> obmesh.driver.v1.Empty
-	0,  // 31: obmesh.driver.v1.Driver.SetSubscriptionContext:output_type -> obmesh.driver.v1.Empty
-	0,  // 32: obmesh.driver.v1.Driver.SendTestEvent:output_type -> obmesh.driver.v1.Empty
-	19, // [19:33] is the sub-list for method output_type
-	5,  // [5:19] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	23, // 4: obmesh.driver.v1.CreateSubscriptionRequest.headers:type_name -> obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntry
+	14, // 5: obmesh.driver.v1.CreateSubscriptionResponse.subscription:type_name -> obmesh.driver.v1.Subscription
+	17, // 6: obmesh.driver.v1.CreateSubscriptionResponse.error:type_name -> obmesh.driver.v1.DriverError
+	1,  // 7: obmesh.driver.v1.Driver.Info:input_type -> obmesh.driver.v1.InfoRequest
+	4,  // 8: obmesh.driver.v1.Driver.Open:input_type -> obmesh.driver.v1.OpenRequest
+	6,  // 9: obmesh.driver.v1.Driver.Close:input_type -> obmesh.driver.v1.SessionRequest
+	6,  // 10: obmesh.driver.v1.Driver.PowerState:input_type -> obmesh.driver.v1.SessionRequest
+	8,  // 11: obmesh.driver.v1.Driver.SetPower:input_type -> obmesh.driver.v1.SetPowerRequest
+	9,  // 12: obmesh.driver.v1.Driver.SetBootDevice:input_type -> obmesh.driver.v1.SetBootDeviceRequest
+	6,  // 13: obmesh.driver.v1.Driver.Identity:input_type -> obmesh.driver.v1.SessionRequest
+	11, // 14: obmesh.driver.v1.Driver.Console:input_type -> obmesh.driver.v1.ConsoleInput
+	6,  // 15: obmesh.driver.v1.Driver.EventCapabilities:input_type -> obmesh.driver.v1.SessionRequest
+	6,  // 16: obmesh.driver.v1.Driver.ListSubscriptions:input_type -> obmesh.driver.v1.SessionRequest
+	16, // 17: obmesh.driver.v1.Driver.CreateSubscription:input_type -> obmesh.driver.v1.CreateSubscriptionRequest
+	19, // 18: obmesh.driver.v1.Driver.DeleteSubscription:input_type -> obmesh.driver.v1.SubscriptionRequest
+	19, // 19: obmesh.driver.v1.Driver.SetSubscriptionContext:input_type -> obmesh.driver.v1.SubscriptionRequest
+	19, // 20: obmesh.driver.v1.Driver.ResumeSubscription:input_type -> obmesh.driver.v1.SubscriptionRequest
+	20, // 21: obmesh.driver.v1.Driver.SendTestEvent:input_type -> obmesh.driver.v1.TestEventRequest
+	2,  // 22: obmesh.driver.v1.Driver.Info:output_type -> obmesh.driver.v1.InfoResponse
+	5,  // 23: obmesh.driver.v1.Driver.Open:output_type -> obmesh.driver.v1.OpenResponse
+	0,  // 24: obmesh.driver.v1.Driver.Close:output_type -> obmesh.driver.v1.Empty
+	7,  // 25: obmesh.driver.v1.Driver.PowerState:output_type -> obmesh.driver.v1.PowerStateResponse
+	0,  // 26: obmesh.driver.v1.Driver.SetPower:output_type -> obmesh.driver.v1.Empty
+	0,  // 27: obmesh.driver.v1.Driver.SetBootDevice:output_type -> obmesh.driver.v1.Empty
+	10, // 28: obmesh.driver.v1.Driver.Identity:output_type -> obmesh.driver.v1.IdentityResponse
+	12, // 29: obmesh.driver.v1.Driver.Console:output_type -> obmesh.driver.v1.ConsoleOutput
+	13, // 30: obmesh.driver.v1.Driver.EventCapabilities:output_type -> obmesh.driver.v1.EventCapabilitiesResponse
+	15, // 31: obmesh.driver.v1.Driver.ListSubscriptions:output_type -> obmesh.driver.v1.ListSubscriptionsResponse
+	18, // 32: obmesh.driver.v1.Driver.CreateSubscription:output_type -> obmesh.driver.v1.CreateSubscriptionResponse
+	0,  // 33: obmesh.driver.v1.Driver.DeleteSubscription:output_type -> obmesh.driver.v1.Empty
+	0,  // 34: obmesh.driver.v1.Driver.SetSubscriptionContext:output_type -> obmesh.driver.v1.Empty
+	0,  // 35: obmesh.driver.v1.Driver.ResumeSubscription:output_type -> obmesh.driver.v1.Empty
+	0,  // 36: obmesh.driver.v1.Driver.SendTestEvent:output_type -> obmesh.driver.v1.Empty
+	22, // [22:37] is the sub-list for method output_type
+	7,  // [7:22] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_plugins_sdk_internal_driverpb_driver_proto_init() }
@@ -1319,7 +1612,7 @@ func file_plugins_sdk_internal_driverpb_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugins_sdk_internal_driverpb_driver_proto_rawDesc), len(file_plugins_sdk_internal_driverpb_driver_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

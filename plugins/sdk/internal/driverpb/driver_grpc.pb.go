@@ -37,6 +37,7 @@ const (
 	Driver_CreateSubscription_FullMethodName     = "/obmesh.driver.v1.Driver/CreateSubscription"
 	Driver_DeleteSubscription_FullMethodName     = "/obmesh.driver.v1.Driver/DeleteSubscription"
 	Driver_SetSubscriptionContext_FullMethodName = "/obmesh.driver.v1.Driver/SetSubscriptionContext"
+	Driver_ResumeSubscription_FullMethodName     = "/obmesh.driver.v1.Driver/ResumeSubscription"
 	Driver_SendTestEvent_FullMethodName          = "/obmesh.driver.v1.Driver/SendTestEvent"
 )
 
@@ -70,14 +71,19 @@ type DriverClient interface {
 	Console(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConsoleInput, ConsoleOutput], error)
 	// EventCapabilities describes the BMC's event service.
 	EventCapabilities(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*EventCapabilitiesResponse, error)
-	// ListSubscriptions lists the BMC's event subscriptions.
+	// ListSubscriptions lists the BMC's event subscriptions; members that
+	// could not be read are listed as undecodable links.
 	ListSubscriptions(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*ListSubscriptionsResponse, error)
-	// CreateSubscription creates an event subscription on the BMC.
-	CreateSubscription(ctx context.Context, in *CreateSubscriptionRequest, opts ...grpc.CallOption) (*Subscription, error)
-	// DeleteSubscription deletes an event subscription by id.
+	// CreateSubscription creates an event subscription on the BMC. A driver
+	// error comes back inside the response (not as a gRPC error), so the
+	// quirks learned and the ambiguity travel with it.
+	CreateSubscription(ctx context.Context, in *CreateSubscriptionRequest, opts ...grpc.CallOption) (*CreateSubscriptionResponse, error)
+	// DeleteSubscription deletes an event subscription by URI.
 	DeleteSubscription(ctx context.Context, in *SubscriptionRequest, opts ...grpc.CallOption) (*Empty, error)
 	// SetSubscriptionContext changes the context string of a subscription.
 	SetSubscriptionContext(ctx context.Context, in *SubscriptionRequest, opts ...grpc.CallOption) (*Empty, error)
+	// ResumeSubscription re-enables a subscription the BMC suspended.
+	ResumeSubscription(ctx context.Context, in *SubscriptionRequest, opts ...grpc.CallOption) (*Empty, error)
 	// SendTestEvent asks the BMC to send a test event.
 	SendTestEvent(ctx context.Context, in *TestEventRequest, opts ...grpc.CallOption) (*Empty, error)
 }
@@ -193,9 +199,9 @@ func (c *driverClient) ListSubscriptions(ctx context.Context, in *SessionRequest
 	return out, nil
 }
 
-func (c *driverClient) CreateSubscription(ctx context.Context, in *CreateSubscriptionRequest, opts ...grpc.CallOption) (*Subscription, error) {
+func (c *driverClient) CreateSubscription(ctx context.Context, in *CreateSubscriptionRequest, opts ...grpc.CallOption) (*CreateSubscriptionResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(Subscription)
+	out := new(CreateSubscriptionResponse)
 	err := c.cc.Invoke(ctx, Driver_CreateSubscription_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -217,6 +223,16 @@ func (c *driverClient) SetSubscriptionContext(ctx context.Context, in *Subscript
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Empty)
 	err := c.cc.Invoke(ctx, Driver_SetSubscriptionContext_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *driverClient) ResumeSubscription(ctx context.Context, in *SubscriptionRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Driver_ResumeSubscription_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -263,14 +279,19 @@ type DriverServer interface {
 	Console(grpc.BidiStreamingServer[ConsoleInput, ConsoleOutput]) error
 	// EventCapabilities describes the BMC's event service.
 	EventCapabilities(context.Context, *SessionRequest) (*EventCapabilitiesResponse, error)
-	// ListSubscriptions lists the BMC's event subscriptions.
+	// ListSubscriptions lists the BMC's event subscriptions; members that
+	// could not be read are listed as undecodable links.
 	ListSubscriptions(context.Context, *SessionRequest) (*ListSubscriptionsResponse, error)
-	// CreateSubscription creates an event subscription on the BMC.
-	CreateSubscription(context.Context, *CreateSubscriptionRequest) (*Subscription, error)
-	// DeleteSubscription deletes an event subscription by id.
+	// CreateSubscription creates an event subscription on the BMC. A driver
+	// error comes back inside the response (not as a gRPC error), so the
+	// quirks learned and the ambiguity travel with it.
+	CreateSubscription(context.Context, *CreateSubscriptionRequest) (*CreateSubscriptionResponse, error)
+	// DeleteSubscription deletes an event subscription by URI.
 	DeleteSubscription(context.Context, *SubscriptionRequest) (*Empty, error)
 	// SetSubscriptionContext changes the context string of a subscription.
 	SetSubscriptionContext(context.Context, *SubscriptionRequest) (*Empty, error)
+	// ResumeSubscription re-enables a subscription the BMC suspended.
+	ResumeSubscription(context.Context, *SubscriptionRequest) (*Empty, error)
 	// SendTestEvent asks the BMC to send a test event.
 	SendTestEvent(context.Context, *TestEventRequest) (*Empty, error)
 	mustEmbedUnimplementedDriverServer()
@@ -313,7 +334,7 @@ func (UnimplementedDriverServer) EventCapabilities(context.Context, *SessionRequ
 func (UnimplementedDriverServer) ListSubscriptions(context.Context, *SessionRequest) (*ListSubscriptionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSubscriptions not implemented")
 }
-func (UnimplementedDriverServer) CreateSubscription(context.Context, *CreateSubscriptionRequest) (*Subscription, error) {
+func (UnimplementedDriverServer) CreateSubscription(context.Context, *CreateSubscriptionRequest) (*CreateSubscriptionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateSubscription not implemented")
 }
 func (UnimplementedDriverServer) DeleteSubscription(context.Context, *SubscriptionRequest) (*Empty, error) {
@@ -321,6 +342,9 @@ func (UnimplementedDriverServer) DeleteSubscription(context.Context, *Subscripti
 }
 func (UnimplementedDriverServer) SetSubscriptionContext(context.Context, *SubscriptionRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetSubscriptionContext not implemented")
+}
+func (UnimplementedDriverServer) ResumeSubscription(context.Context, *SubscriptionRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeSubscription not implemented")
 }
 func (UnimplementedDriverServer) SendTestEvent(context.Context, *TestEventRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method SendTestEvent not implemented")
@@ -569,6 +593,24 @@ func _Driver_SetSubscriptionContext_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Driver_ResumeSubscription_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SubscriptionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).ResumeSubscription(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_ResumeSubscription_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).ResumeSubscription(ctx, req.(*SubscriptionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Driver_SendTestEvent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(TestEventRequest)
 	if err := dec(in); err != nil {
@@ -641,6 +683,10 @@ var Driver_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetSubscriptionContext",
 			Handler:    _Driver_SetSubscriptionContext_Handler,
+		},
+		{
+			MethodName: "ResumeSubscription",
+			Handler:    _Driver_ResumeSubscription_Handler,
 		},
 		{
 			MethodName: "SendTestEvent",
