@@ -2,6 +2,25 @@
 // agent link and builds the mutual-TLS configurations both ends use. A
 // certificate's role (agent or coordinator) is in its organizational unit;
 // its common name is the agent id or coordinator name.
+//
+// # Sites in agent certificates
+//
+// An agent certificate also names the sites the agent may serve, one URI
+// subject alternative name per site of the form
+//
+//	obmesh-site:NAME
+//
+// (an opaque URI: scheme "obmesh-site", the site name as its opaque part).
+// The names are covered by the CA's signature like the rest of the
+// certificate, so they are as trustworthy as the agent's id, and they are
+// visible to operators in `openssl x509 -noout -text` under "X509v3 Subject
+// Alternative Name" as "URI:obmesh-site:NAME". PeerSites returns the sites
+// of a peer's verified certificate; the coordinator refuses an agent whose
+// hello claims a site its certificate does not list, and an agent
+// certificate that lists no site at all (issued before sites existed: it
+// must be reissued with -sites). URIs of any other scheme are ignored.
+// Site names use the characters of obmesh names: letters, digits and
+// "._:-", 1 to 128 of them, not starting with a dot.
 package tlsutil
 
 import (
@@ -16,8 +35,11 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -69,8 +91,70 @@ type CertRequest struct {
 	// Name is the common name: the agent id or the coordinator's name.
 	Name string
 	// Hosts are DNS names or IPs the certificate is valid for (servers).
-	Hosts    []string
+	Hosts []string
+	// Sites are the sites an agent may serve (agents only; at least one).
+	Sites    []string
 	Validity time.Duration
+}
+
+// SiteURIScheme is the scheme of the URI subject alternative names that
+// carry an agent certificate's sites: obmesh-site:NAME.
+const SiteURIScheme = "obmesh-site"
+
+// ValidSite reports whether s can be a site name in a certificate: 1 to 128
+// letters, digits or "._:-", not starting with a dot (the rule of every
+// obmesh name).
+func ValidSite(s string) bool {
+	if s == "" || len(s) > 128 || s[0] == '.' {
+		return false
+	}
+	for _, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', strings.ContainsRune("._:-", r):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// siteURI is the SAN that names one site.
+func siteURI(site string) *url.URL {
+	return &url.URL{Scheme: SiteURIScheme, Opaque: site}
+}
+
+// CertSites returns the sites an agent certificate names, in the order it
+// names them, without duplicates. URIs of other schemes and malformed site
+// names are skipped.
+func CertSites(c *x509.Certificate) []string {
+	var out []string
+	for _, u := range c.URIs {
+		if u == nil || u.Scheme != SiteURIScheme || u.Host != "" || u.Path != "" || u.RawQuery != "" || u.Fragment != "" {
+			continue
+		}
+		if ValidSite(u.Opaque) && !slices.Contains(out, u.Opaque) {
+			out = append(out, u.Opaque)
+		}
+	}
+	return out
+}
+
+// FileSites returns the sites named by the certificate in the PEM file at
+// path (the first certificate in it). It does not verify the certificate.
+func FileSites(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil || blk.Type != "CERTIFICATE" {
+		return nil, fmt.Errorf("tls: %s holds no PEM certificate", path)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %s: %w", path, err)
+	}
+	return CertSites(c), nil
 }
 
 // CreateCert issues a certificate signed by the CA in caDir and writes
@@ -81,6 +165,17 @@ func CreateCert(caDir string, req CertRequest, certPath, keyPath string) error {
 	}
 	if req.Name == "" {
 		return errors.New("tls: a certificate needs a name")
+	}
+	switch {
+	case req.Role == RoleAgent && len(req.Sites) == 0:
+		return errors.New("tls: an agent certificate needs at least one site (-sites): the sites the agent may serve")
+	case req.Role != RoleAgent && len(req.Sites) > 0:
+		return errors.New("tls: only agent certificates name sites")
+	}
+	for _, site := range req.Sites {
+		if !ValidSite(site) {
+			return fmt.Errorf("tls: invalid site name %q (letters, digits and ._:- only, at most 128)", site)
+		}
 	}
 	caCert, caKey, err := loadCA(caDir)
 	if err != nil {
@@ -97,6 +192,11 @@ func CreateCert(caDir string, req CertRequest, certPath, keyPath string) error {
 		NotAfter:     time.Now().Add(req.Validity),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	for _, site := range req.Sites {
+		if !slices.ContainsFunc(tmpl.URIs, func(u *url.URL) bool { return u.Opaque == site }) {
+			tmpl.URIs = append(tmpl.URIs, siteURI(site))
+		}
 	}
 	if req.Role == RoleCoordinator {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
@@ -204,12 +304,33 @@ func ClientConfig(f Files) (*tls.Config, error) {
 	}, nil
 }
 
+// ErrNotVerified means the connection holds no verified peer certificate.
+var ErrNotVerified = errors.New("tls: peer presented no verified certificate")
+
+func verifiedLeaf(cs tls.ConnectionState) (*x509.Certificate, error) {
+	if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+		return nil, ErrNotVerified
+	}
+	return cs.VerifiedChains[0][0], nil
+}
+
+// PeerSites returns the sites named by a verified peer certificate (see the
+// package comment); an agent certificate issued without sites yields none.
+// Only a certificate the handshake verified counts.
+func PeerSites(cs tls.ConnectionState) ([]string, error) {
+	c, err := verifiedLeaf(cs)
+	if err != nil {
+		return nil, err
+	}
+	return CertSites(c), nil
+}
+
 // PeerIdentity returns the role and name of a verified peer certificate.
 func PeerIdentity(cs tls.ConnectionState) (Role, string, error) {
-	if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
-		return "", "", errors.New("tls: peer presented no verified certificate")
+	c, err := verifiedLeaf(cs)
+	if err != nil {
+		return "", "", err
 	}
-	c := cs.VerifiedChains[0][0]
 	if len(c.Subject.OrganizationalUnit) != 1 {
 		return "", "", errors.New("tls: peer certificate has no obmesh role")
 	}
