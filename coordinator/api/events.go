@@ -1,6 +1,16 @@
 package api
 
-import "time"
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
 
 // Event subscription modes.
 const (
@@ -128,4 +138,121 @@ type Event struct {
 	Message    string    `json:"message,omitempty"`
 	Origin     string    `json:"origin,omitempty"`
 	Timestamp  string    `json:"timestamp,omitempty"`
+}
+
+func subscriptionPath(id string, rest ...string) string {
+	return "/v1/subscriptions/" + url.PathEscape(id) + strings.Join(rest, "")
+}
+
+// CreateSubscription creates an event subscription. The result carries the
+// signing secret; it is never shown again.
+func (c *Client) CreateSubscription(ctx context.Context, s SubscriptionSpec) (Subscription, error) {
+	var out Subscription
+	err := c.do(ctx, http.MethodPost, "/v1/subscriptions", s, &out)
+	return out, err
+}
+
+// Subscriptions lists subscriptions, of one node when node is not empty.
+func (c *Client) Subscriptions(ctx context.Context, node string) ([]Subscription, error) {
+	p := "/v1/subscriptions"
+	if node != "" {
+		p += "?node=" + url.QueryEscape(node)
+	}
+	var out []Subscription
+	err := c.do(ctx, http.MethodGet, p, nil, &out)
+	return out, err
+}
+
+// Subscription returns one subscription.
+func (c *Client) Subscription(ctx context.Context, id string) (Subscription, error) {
+	var out Subscription
+	err := c.do(ctx, http.MethodGet, subscriptionPath(id), nil, &out)
+	return out, err
+}
+
+// DeleteSubscription asks for a subscription's deletion; it is gone once
+// its BMC side is removed (or, when the BMC cannot be reached, recorded
+// for later cleanup). The result is the subscription, state deleting.
+func (c *Client) DeleteSubscription(ctx context.Context, id string) (Subscription, error) {
+	var out Subscription
+	err := c.do(ctx, http.MethodDelete, subscriptionPath(id), nil, &out)
+	return out, err
+}
+
+// VerifySubscription re-checks the subscription on the BMC now.
+func (c *Client) VerifySubscription(ctx context.Context, id string) (Subscription, error) {
+	var out Subscription
+	err := c.do(ctx, http.MethodPost, subscriptionPath(id, "/verify"), nil, &out)
+	return out, err
+}
+
+// DeadLetters lists the events the relay gave up delivering.
+func (c *Client) DeadLetters(ctx context.Context, id string) ([]DeadLetter, error) {
+	var out []DeadLetter
+	err := c.do(ctx, http.MethodGet, subscriptionPath(id, "/dead-letters"), nil, &out)
+	return out, err
+}
+
+// ReplayDeadLetters queues dead letters for delivery again (all when ids
+// is empty).
+func (c *Client) ReplayDeadLetters(ctx context.Context, id string, ids []string) (ReplayResult, error) {
+	var out ReplayResult
+	err := c.do(ctx, http.MethodPost, subscriptionPath(id, "/dead-letters/replay"), ReplayRequest{IDs: ids}, &out)
+	return out, err
+}
+
+// WatchEvents streams relayed events (GET /v1/events, Server-Sent Events)
+// to fn until ctx ends, the server ends the stream, or fn returns an error.
+// The stream has no overall timeout; ctx bounds it.
+func (c *Client) WatchEvents(ctx context.Context, node string, fn func(Event) error) error {
+	p := "/v1/events"
+	if node != "" {
+		p += "?node=" + url.QueryEscape(node)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+p, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Accept", "text/event-stream")
+	hc := *c.http
+	hc.Timeout = 0 // a stream; ctx bounds it
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("obmesh API %s: %w", c.base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		var eb ErrorBody
+		if json.Unmarshal(raw, &eb) == nil && eb.Error.Code != "" {
+			return &Error{StatusCode: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+		}
+		return &Error{StatusCode: resp.StatusCode, Code: CodeInternal, Message: strings.TrimSpace(string(raw))}
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var data strings.Builder
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "":
+			if data.Len() > 0 {
+				var ev Event
+				if err := json.Unmarshal([]byte(data.String()), &ev); err != nil {
+					return fmt.Errorf("obmesh API: event stream: %w", err)
+				}
+				data.Reset()
+				if err := fn(ev); err != nil {
+					return err
+				}
+			}
+		case strings.HasPrefix(line, "data:"):
+			data.WriteString(strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
+		}
+	}
+	if err := sc.Err(); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("obmesh API: event stream: %w", err)
+	}
+	return ctx.Err()
 }
