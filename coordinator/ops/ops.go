@@ -58,7 +58,9 @@ var ErrNodeNotFound = errors.New("node not found")
 type Request struct {
 	// ID, if set, is the operation's id (a member that forwarded the
 	// request chose it, so it can name the operation even if the leader
-	// dies); otherwise one is drawn.
+	// dies); otherwise one is drawn. A set ID that is not an operation id
+	// or is taken (running, or with a receipt) is refused with
+	// ErrOperationID: two operations never share an id.
 	ID         string
 	Node       string
 	Action     string // an Act* constant
@@ -103,9 +105,11 @@ type Runner struct {
 	disp   Dispatcher
 	epoch  Epocher
 	logger *slog.Logger
-	mu     sync.Mutex
-	recent map[string]api.Receipt
-	order  []string
+
+	mu       sync.Mutex
+	recent   map[string]api.Receipt
+	order    []string
+	reserved map[string]bool // ids of running operations
 }
 
 // New returns a Runner. Receipts of operations that change something are
@@ -119,7 +123,7 @@ func New(cfg Config, nodes Nodes, keys *seal.Keyring, disp Dispatcher, epoch Epo
 		cfg.Keep = 4096
 	}
 	return &Runner{cfg: cfg, nodes: nodes, keys: keys, disp: disp, epoch: epoch, audit: audit,
-		logger: logger.With("component", "ops"), recent: map[string]api.Receipt{}}
+		logger: logger.With("component", "ops"), recent: map[string]api.Receipt{}, reserved: map[string]bool{}}
 }
 
 // Failure is an operation error with its class; Receipt says what happened.
@@ -158,10 +162,11 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		return api.Receipt{}, nil, fmt.Errorf("node %q: %w", req.Node, ErrNodeNotFound)
 	}
 	start := time.Now()
-	id := req.ID
-	if !ValidOperationID(id) || r.known(id) {
-		id = agentsvc.NewOperationID()
+	id, rerr := r.reserve(req.ID)
+	if rerr != nil {
+		return api.Receipt{}, nil, rerr
 	}
+	defer r.unreserve(id)
 	rec := api.Receipt{ID: id, Node: n.Name, Action: req.Action, Site: n.Site, StartedAt: start.UTC()}
 	finish := func(outcome string, f *Failure) (api.Receipt, error) {
 		end := time.Now()
@@ -279,16 +284,51 @@ func (r *Runner) recordReceipt(ctx context.Context, rec api.Receipt) error {
 	return err
 }
 
-// known reports whether an operation id is taken (a client cannot reuse
-// one to overwrite another operation's receipt).
-func (r *Runner) known(id string) bool {
+// ErrOperationID refuses an operation whose given id is not an operation
+// id or is taken.
+var ErrOperationID = errors.New("operation id refused")
+
+// reserve takes an operation id for a running operation, atomically: the
+// given one (refused with ErrOperationID when invalid or taken by a
+// running operation or a receipt), or a fresh one when id is empty. The
+// caller unreserves it when the operation's receipt is remembered.
+func (r *Runner) reserve(id string) (string, error) {
 	r.mu.Lock()
-	_, ok := r.recent[id]
+	defer r.mu.Unlock()
+	if id != "" {
+		if !ValidOperationID(id) {
+			return "", fmt.Errorf("%w: %q is not an operation id", ErrOperationID, id)
+		}
+		if r.takenLocked(id) {
+			return "", fmt.Errorf("%w: %s is already in use", ErrOperationID, id)
+		}
+		r.reserved[id] = true
+		return id, nil
+	}
+	for {
+		id = agentsvc.NewOperationID()
+		if !r.takenLocked(id) {
+			r.reserved[id] = true
+			return id, nil
+		}
+	}
+}
+
+func (r *Runner) unreserve(id string) {
+	r.mu.Lock()
+	delete(r.reserved, id)
 	r.mu.Unlock()
-	if ok {
+}
+
+// takenLocked reports whether an id is running, remembered or recorded.
+func (r *Runner) takenLocked(id string) bool {
+	if r.reserved[id] {
 		return true
 	}
-	_, ok = r.nodes.Audit(id)
+	if _, ok := r.recent[id]; ok {
+		return true
+	}
+	_, ok := r.nodes.Audit(id)
 	return ok
 }
 
