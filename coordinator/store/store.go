@@ -3,10 +3,20 @@
 // returns only after they commit, and answers *NotLeaderError (matching
 // ErrNotLeader, carrying the leader's address) on a follower, so a
 // forwarding layer can wrap it.
+//
+// Raft runs over mutual TLS 1.3 only: both ends of every Raft connection
+// present a certificate of the group's CA whose role is coordinator
+// (Config.ServerTLS and Config.ClientTLS are required; there is no plaintext
+// mode). A member is added only after the leader has reached it over that
+// TLS and seen a coordinator certificate bearing the id being added; the
+// last voter cannot be removed. Open refuses a data directory whose Raft
+// log was lost while its snapshots or membership record show the member
+// had state, with the recovery steps in the error.
 package store
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +25,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -70,6 +81,16 @@ type Config struct {
 	// SnapshotInterval and TrailingLogs: zero means raft's defaults.
 	SnapshotInterval time.Duration
 	TrailingLogs     uint64
+	// ServerTLS and ClientTLS secure every Raft connection: the
+	// coordinator's certificate with the group's CA (tlsutil.ServerConfig
+	// and tlsutil.ClientConfig of the agent-link files). Both are required.
+	// The store requires TLS 1.3, a client certificate, and a coordinator
+	// role on both ends; the server name dialled is the host of the peer's
+	// Raft address, so a member's certificate must list the host of its
+	// Raft (advertise) address.
+	ServerTLS, ClientTLS *tls.Config
+	// HandshakeTimeout bounds a TLS handshake on the Raft port (zero: 10s).
+	HandshakeTimeout time.Duration
 }
 
 // Peer is a group member.
@@ -88,13 +109,20 @@ type Store struct {
 	raft      *raft.Raft
 	boltStore *raftboltdb.BoltStore
 	transport *raft.NetworkTransport
+	stream    *tlsStream
 	hasState  bool
+
+	done chan struct{} // closed by Close: stops the membership recorder
+	wg   sync.WaitGroup
 }
 
 // New returns an unopened store. It does no I/O.
 func New(cfg Config, logger *slog.Logger) (*Store, error) {
 	if cfg.ID == "" || cfg.Dir == "" || cfg.BindAddr == "" {
 		return nil, errors.New("store: id, dir and bind address are required")
+	}
+	if err := checkTLS(cfg.ServerTLS, cfg.ClientTLS); err != nil {
+		return nil, err
 	}
 	if cfg.ApplyTimeout == 0 {
 		cfg.ApplyTimeout = 10 * time.Second
@@ -107,7 +135,8 @@ func New(cfg Config, logger *slog.Logger) (*Store, error) {
 func (s *Store) State() *state.State { return s.state }
 
 // Open starts Raft: it opens the log, binds the transport and bootstraps if
-// configured and fresh.
+// configured and fresh. It refuses (ErrLogLost) a data directory whose log
+// was lost although the member had state.
 func (s *Store) Open() error {
 	if err := os.MkdirAll(s.cfg.Dir, 0o700); err != nil {
 		return fmt.Errorf("store: %w", err)
@@ -134,6 +163,10 @@ func (s *Store) Open() error {
 		bs.Close()
 		return fmt.Errorf("store: snapshots: %w", err)
 	}
+	if err := s.checkLog(bs, snaps); err != nil {
+		bs.Close()
+		return err
+	}
 	// With no advertise address the transport advertises what it bound
 	// (which also resolves a ":0" port).
 	var adv net.Addr
@@ -145,11 +178,12 @@ func (s *Store) Open() error {
 		}
 		adv = a
 	}
-	tr, err := raft.NewTCPTransportWithLogger(s.cfg.BindAddr, adv, 3, 10*time.Second, hl)
+	stream, err := newTLSStream(s.cfg.BindAddr, adv, s.cfg.ServerTLS, s.cfg.ClientTLS, s.cfg.HandshakeTimeout, s.logger)
 	if err != nil {
 		bs.Close()
 		return fmt.Errorf("store: raft listen %s: %w", s.cfg.BindAddr, err)
 	}
+	tr := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl})
 	existing, err := raft.HasExistingState(bs, bs, snaps)
 	if err != nil {
 		bs.Close()
@@ -185,7 +219,8 @@ func (s *Store) Open() error {
 		tr.Close()
 		return fmt.Errorf("store: start raft: %w", err)
 	}
-	s.raft, s.boltStore, s.transport = r, bs, tr
+	s.raft, s.boltStore, s.transport, s.stream = r, bs, tr, stream
+	s.done = make(chan struct{})
 	if s.cfg.Bootstrap && !existing {
 		servers := []raft.Server{{ID: rc.LocalID, Address: tr.LocalAddr()}}
 		for _, p := range s.cfg.Peers {
@@ -196,6 +231,9 @@ func (s *Store) Open() error {
 		if err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
 			return fmt.Errorf("store: bootstrap: %w", err)
 		}
+	}
+	if _, err := os.Stat(s.memberFile()); err != nil {
+		s.wg.Go(s.recordMembership)
 	}
 	return nil
 }
@@ -225,18 +263,46 @@ func (s *Store) BootstrapWith(peers []Peer) error {
 }
 
 // AddVoter adds (or re-adds, after a wiped data dir) a voting member. It
-// must run on the leader.
+// must run on the leader. It first reaches the candidate at addr over the
+// Raft port's mutual TLS and checks that it presents a coordinator
+// certificate of the group's CA named id (VerifyPeer); a candidate that
+// cannot be reached (ErrPeerUnreachable) or proven (ErrPeerIdentity)
+// changes nothing, so a typo cannot cost a group its quorum.
 func (s *Store) AddVoter(ctx context.Context, id, addr string) error {
 	if err := s.awaitLeadership(ctx); err != nil {
+		return err
+	}
+	if err := s.VerifyPeer(ctx, id, addr); err != nil {
 		return err
 	}
 	return s.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, s.timeout(ctx)).Error()
 }
 
-// RemoveServer removes a member. It must run on the leader.
+// RemoveServer removes a member. It must run on the leader. Removing a
+// server that is not a member is state.ErrNotFound; removing the last
+// voter is ErrLastVoter.
 func (s *Store) RemoveServer(ctx context.Context, id string) error {
 	if err := s.awaitLeadership(ctx); err != nil {
 		return err
+	}
+	servers, err := s.Servers()
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	voters, member, voter := 0, false, false
+	for _, p := range servers {
+		if p.Voter {
+			voters++
+		}
+		if p.ID == id {
+			member, voter = true, p.Voter
+		}
+	}
+	switch {
+	case !member:
+		return fmt.Errorf("store: %q is not a member of the group: %w", id, state.ErrNotFound)
+	case voter && voters == 1:
+		return fmt.Errorf("%w: %q is the only voter; removing it would leave nobody to elect a leader (add its replacement first)", ErrLastVoter, id)
 	}
 	return s.raft.RemoveServer(raft.ServerID(id), 0, s.timeout(ctx)).Error()
 }
@@ -279,6 +345,8 @@ func (s *Store) Close() error {
 	if s.raft == nil {
 		return nil
 	}
+	close(s.done)
+	s.wg.Wait()
 	err := s.raft.Shutdown().Error()
 	if cerr := s.transport.Close(); err == nil {
 		err = cerr

@@ -10,9 +10,11 @@ import (
 	"github.com/obmesh/obmesh/internal/logging"
 )
 
-func openStore(t *testing.T, dir string) *Store {
+func openStore(t *testing.T, pki *testPKI, dir string) *Store {
 	t.Helper()
-	s, err := New(Config{ID: "c1", Dir: dir, BindAddr: "127.0.0.1:0", Bootstrap: true}, logging.Discard())
+	cfg := pki.config(t, "c1", dir)
+	cfg.Bootstrap = true
+	s, err := New(cfg, logging.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +38,8 @@ func openStore(t *testing.T, dir string) *Store {
 
 func TestStore_ApplyRestartSnapshot(t *testing.T) {
 	dir := t.TempDir()
-	s := openStore(t, dir)
+	pki := newPKI(t)
+	s := openStore(t, pki, dir)
 	ctx := t.Context()
 	for _, name := range []string{"a", "b", "c"} {
 		if _, err := s.Apply(ctx, state.RegisterNode{Node: state.Node{Name: name, Driver: "mock", Site: "default"}}); err != nil {
@@ -61,7 +64,7 @@ func TestStore_ApplyRestartSnapshot(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s2 := openStore(t, dir)
+	s2 := openStore(t, pki, dir)
 	defer s2.Close()
 	// Wait until the log after the snapshot has been replayed.
 	deadline := time.Now().Add(10 * time.Second)
