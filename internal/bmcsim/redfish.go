@@ -1,6 +1,7 @@
 package bmcsim
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"embed"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
@@ -21,7 +23,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
+	pathpkg "path"
 	"slices"
 	"strings"
 	"sync"
@@ -37,7 +39,8 @@ type RedfishUser struct {
 
 // RedfishQuirks switch on vendor behaviour drivers must cope with.
 type RedfishQuirks struct {
-	// NoLocation: session creation answers 201 without a Location header.
+	// NoLocation: session creation (and subscription creation, see also
+	// RedfishEvents.NoLocation) answers 201 without a Location header.
 	NoLocation bool
 	// RedundantActionError: an action whose result already holds (On while
 	// on) is refused with 400, as iLO does.
@@ -45,14 +48,6 @@ type RedfishQuirks struct {
 	// NotReadyAfterOff: for this long after a power-off completes, power
 	// actions are refused with 409 ("not ready yet").
 	NotReadyAfterOff time.Duration
-	// UniqueDestinations: a second subscription to the same destination is
-	// refused (iDRAC).
-	UniqueDestinations bool
-	// EventTypesRequired: a subscription without EventTypes is refused
-	// (some HPE); EventTypesRejected: one with EventTypes is refused
-	// (newer services: PropertyUnknown).
-	EventTypesRequired bool
-	EventTypesRejected bool
 }
 
 // RedfishConfig configures a simulated Redfish BMC.
@@ -63,6 +58,9 @@ type RedfishConfig struct {
 	// TransitionDelay is how long PoweringOn/PoweringOff last.
 	TransitionDelay time.Duration
 	Quirks          RedfishQuirks
+	// Events configures the EventService: vendor behaviour on subscription
+	// requests, delivery retries and the shape of the events pushed.
+	Events RedfishEvents
 	// MaxSessions bounds open sessions; more are refused with 503. Zero
 	// means 16.
 	MaxSessions int
@@ -89,10 +87,17 @@ type Redfish struct {
 	sessionsCreated int
 	ops             []Op
 
-	subs           []*rfSub
-	nextSub        int
-	nextEvent      int
-	pushed         []map[string]any
+	subs        []*rfSub
+	nextSub     int
+	nextEvent   int
+	pushed      []map[string]any
+	createReqs  []map[string]any
+	loseCreates int
+	payload     RedfishPayload
+
+	// ctx ends with Close; delivery workers run under it and are awaited.
+	ctx            context.Context
+	cancel         context.CancelFunc
 	deliveries     sync.WaitGroup
 	deliveryClient *http.Client
 }
@@ -111,21 +116,46 @@ type rfSession struct {
 	id, user string
 }
 
-// MockupDir finds ../shared/redfish/mockups/<name> from the working
-// directory or its parents, for tests and obmesh dev.
-func MockupDir(name string) (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for range 6 {
-		p := filepath.Join(dir, "..", "shared", "redfish", "mockups", name)
-		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
-			return p, nil
+// mockupFS holds the DMTF mockups (BSD-3-Clause, redfishdata/LICENSE.md)
+// the simulator serves, so it needs nothing outside the repository.
+//
+//go:embed redfishdata/mockups
+var mockupFS embed.FS
+
+// builtinPrefix marks a RedfishConfig.Mockup that names an embedded mockup.
+const builtinPrefix = "builtin:"
+
+// Mockups lists the embedded DMTF mockups.
+func Mockups() []string {
+	ents, _ := mockupFS.ReadDir("redfishdata/mockups")
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, e.Name())
 		}
-		dir = filepath.Dir(dir)
 	}
-	return "", fmt.Errorf("bmcsim: DMTF mockup %q not found (looked for ../shared/redfish/mockups from %s upwards)", name, dir)
+	return out
+}
+
+// MockupDir names an embedded DMTF mockup ("public-rackmount1",
+// "public-tower", "public-bladed") for RedfishConfig.Mockup.
+func MockupDir(name string) (string, error) {
+	if fi, err := fs.Stat(mockupFS, "redfishdata/mockups/"+name); err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("bmcsim: no embedded DMTF mockup %q (have %s)", name, strings.Join(Mockups(), ", "))
+	}
+	return builtinPrefix + name, nil
+}
+
+// mockupRoot opens a RedfishConfig.Mockup: an embedded mockup's name as
+// MockupDir returns it, or a directory on disk.
+func mockupRoot(m string) (fs.FS, error) {
+	if name, ok := strings.CutPrefix(m, builtinPrefix); ok {
+		return fs.Sub(mockupFS, "redfishdata/mockups/"+name)
+	}
+	if fi, err := os.Stat(m); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("bmcsim: mockup directory %q: not found", m)
+	}
+	return os.DirFS(m), nil
 }
 
 // StartRedfish loads the mockup and serves it.
@@ -133,11 +163,15 @@ func StartRedfish(cfg RedfishConfig) (*Redfish, error) {
 	if cfg.MaxSessions == 0 {
 		cfg.MaxSessions = 16
 	}
+	// Like real BMCs, deliveries do not verify the destination's
+	// certificate; each is bounded by RedfishEvents.DeliveryTimeout.
 	r := &Redfish{cfg: cfg, docs: map[string]map[string]any{}, systems: map[string]*rfSystem{}, sessions: map[string]*rfSession{},
-		deliveryClient: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}}
+		deliveryClient: &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, TLSHandshakeTimeout: 5 * time.Second}}}
 	if err := r.load(); err != nil {
 		return nil, err
 	}
+	r.initEvents()
+	r.ctx, r.cancel = context.WithCancel(context.Background())
 	cert, der, err := selfSigned()
 	if err != nil {
 		return nil, err
@@ -175,24 +209,28 @@ func selfSigned() (tls.Certificate, []byte, error) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, der, nil
 }
 
-// Close stops the BMC and waits for event deliveries in flight.
+// Close stops the BMC, ends event deliveries and waits for them.
 func (r *Redfish) Close() {
+	r.cancel()
 	r.srv.Close()
 	r.deliveries.Wait()
 }
 
 func (r *Redfish) load() error {
-	root := r.cfg.Mockup
-	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	root, err := mockupRoot(r.cfg.Mockup)
+	if err != nil {
+		return err
+	}
+	return fs.WalkDir(root, ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || d.Name() != "index.json" {
 			return err
 		}
-		rel, _ := filepath.Rel(root, filepath.Dir(path))
+		rel := pathpkg.Dir(path)
 		id := "/redfish/v1"
 		if rel != "." {
-			id += "/" + filepath.ToSlash(rel)
+			id += "/" + rel
 		}
-		b, err := os.ReadFile(path)
+		b, err := fs.ReadFile(root, path)
 		if err != nil {
 			return err
 		}
@@ -552,7 +590,7 @@ func (r *Redfish) reset(w http.ResponseWriter, req *http.Request, system string)
 	}
 	r.record(system + " " + body.ResetType)
 	msg := map[bool]string{true: "ResourceEvent.1.4.ResourcePoweringOn", false: "ResourceEvent.1.4.ResourcePoweringOff"}[s.target == "On" || (s.target == "" && s.power == "On")]
-	r.publishLocked("StatusChange", msg, fmt.Sprintf("%s: %s", system, body.ResetType), system)
+	r.publishLocked(RedfishEvent{EventType: "StatusChange", MessageID: msg, Message: fmt.Sprintf("%s: %s", system, body.ResetType), Severity: "OK", Origin: system})
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -35,7 +35,7 @@ func startRF(t *testing.T, mockup string, q RedfishQuirks, delay time.Duration) 
 	t.Helper()
 	dir, err := MockupDir(mockup)
 	if err != nil {
-		t.Skip(err)
+		t.Fatal(err)
 	}
 	r, err := StartRedfish(RedfishConfig{Mockup: dir, TransitionDelay: delay, Quirks: q,
 		Users: map[string]RedfishUser{"admin": {Password: "s3cret", Role: "Administrator"}, "viewer": {Password: "look", Role: "ReadOnly"}}})
@@ -194,7 +194,7 @@ func TestRedfish_SeveralSystems(t *testing.T) {
 	r := startRF(t, "public-bladed", RedfishQuirks{}, 0)
 	systems := r.Systems()
 	if len(systems) < 2 {
-		t.Skipf("bladed mockup has %d systems", len(systems))
+		t.Fatalf("bladed mockup has %d systems, want several", len(systems))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -255,7 +255,7 @@ func TestRedfish_SessionEdgeCases(t *testing.T) {
 	t.Run("session exhaustion is busy, not retried", func(t *testing.T) {
 		dir, err := MockupDir("public-rackmount1")
 		if err != nil {
-			t.Skip(err)
+			t.Fatal(err)
 		}
 		r, err := StartRedfish(RedfishConfig{Mockup: dir, MaxSessions: 1,
 			Users: map[string]RedfishUser{"admin": {Password: "s3cret", Role: "Administrator"}}})

@@ -248,7 +248,7 @@ func BenchmarkFailover(b *testing.B) {
 func BenchmarkRedfish(b *testing.B) {
 	dir, err := bmcsim.MockupDir("public-rackmount1")
 	if err != nil {
-		b.Skip(err)
+		b.Fatal(err)
 	}
 	rf, err := bmcsim.StartRedfish(bmcsim.RedfishConfig{Mockup: dir, MaxSessions: 1 << 20,
 		Users: map[string]bmcsim.RedfishUser{"admin": {Password: "pw", Role: "Administrator"}}})

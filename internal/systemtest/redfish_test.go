@@ -19,7 +19,7 @@ func TestRedfish_ThroughObmesh(t *testing.T) {
 	}
 	dir, err := bmcsim.MockupDir("public-rackmount1")
 	if err != nil {
-		t.Skip(err)
+		t.Fatal(err)
 	}
 	users := map[string]bmcsim.RedfishUser{"admin": {Password: "pw", Role: "Administrator"}}
 	rf, err := bmcsim.StartRedfish(bmcsim.RedfishConfig{Mockup: dir, TransitionDelay: time.Second, Users: users})
