@@ -88,10 +88,17 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("agent link: %w", err)
 	}
+	// The coordinator's certificate serves the Cluster service and Raft:
+	// only coordinators of the group's CA speak Raft (package store).
+	clientTLS, err := tlsutil.ClientConfig(tlsutil.Files{CA: s.cfg.AgentLink.CAFile, Cert: s.cfg.AgentLink.CertFile, Key: s.cfg.AgentLink.KeyFile})
+	if err != nil {
+		return fmt.Errorf("agent link: %w", err)
+	}
 	st, err := store.New(store.Config{
 		ID: s.cfg.Name, Dir: s.cfg.DataDir, BindAddr: s.cfg.Raft.Listen, AdvertiseAddr: s.cfg.Raft.Advertise,
 		Bootstrap: s.cfg.Raft.Bootstrap, SnapshotThreshold: s.cfg.Raft.SnapshotThreshold,
 		SnapshotInterval: s.cfg.Raft.SnapshotInterval.D(), TrailingLogs: s.cfg.Raft.TrailingLogs,
+		ServerTLS: linkTLS, ClientTLS: clientTLS,
 	}, s.logger)
 	if err != nil {
 		return err
@@ -115,12 +122,6 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("agent link listen: %w", err)
 	}
 
-	clientTLS, err := tlsutil.ClientConfig(tlsutil.Files{CA: s.cfg.AgentLink.CAFile, Cert: s.cfg.AgentLink.CertFile, Key: s.cfg.AgentLink.KeyFile})
-	if err != nil {
-		httpLn.Close()
-		linkLn.Close()
-		return fmt.Errorf("agent link: %w", err)
-	}
 	linkAdv := s.cfg.AgentLink.Advertise
 	if linkAdv == "" {
 		linkAdv = linkLn.Addr().String()
