@@ -6,6 +6,8 @@ GOBIN    := $(shell $(GO) env GOPATH)/bin
 BENCHTIME ?= 2s
 # Debian's interpreter: it sees python3-pytest and python3-requests.
 PYTHON   ?= /usr/bin/python3
+SHELL    := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
 
 .DEFAULT_GOAL := help
 
@@ -24,7 +26,7 @@ deps: ## install the Debian packages the tests use (when missing)
 	./scripts/install-deps.sh
 
 test: deps build ## run every test: Go (under the race detector) and the HIL-client suite
-	GORACE=halt_on_error=1 $(GO) test -race -count=1 -timeout 20m ./...
+	GORACE=halt_on_error=1 $(GO) test -race -count=1 -timeout 20m -json ./... | $(PYTHON) scripts/gotest-report.py
 	OBMD_BIN=$(CURDIR)/$(BIN)/obmd $(PYTHON) -m pytest -q -p no:cacheprovider tests/hil
 
 test-hil: build ## the HIL-client suite only (Python, Debian's pytest and requests)
