@@ -192,6 +192,9 @@ const (
 	CodeDriverError     = "driver_error"
 	CodeOutcomeUnknown  = "outcome_unknown"
 	CodeStaleEpoch      = "stale_epoch"
+	CodePeerUnreachable = "peer_unreachable" // add-peer: the candidate cannot be reached at its Raft address
+	CodePeerIdentity    = "peer_identity"    // add-peer: the candidate is not a coordinator of that name
+	CodeLastVoter       = "last_voter"       // remove-peer: the group's only voter
 	CodeInternal        = "internal"
 )
 

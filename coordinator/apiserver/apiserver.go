@@ -211,6 +211,12 @@ func classify(err error) (int, string, string) {
 		return http.StatusConflict, api.CodeAlreadyExists, err.Error()
 	case errors.Is(err, state.ErrInvalid):
 		return http.StatusBadRequest, api.CodeInvalidArgument, err.Error()
+	case errors.Is(err, store.ErrPeerUnreachable):
+		return http.StatusBadGateway, api.CodePeerUnreachable, err.Error()
+	case errors.Is(err, store.ErrPeerIdentity):
+		return http.StatusBadRequest, api.CodePeerIdentity, err.Error()
+	case errors.Is(err, store.ErrLastVoter):
+		return http.StatusConflict, api.CodeLastVoter, err.Error()
 	case errors.As(err, &nl):
 		return http.StatusServiceUnavailable, api.CodeNoLeader, "this coordinator cannot serve the request: " + nl.Error()
 	case errors.Is(err, store.ErrNoLeader):
