@@ -3,7 +3,8 @@
 // RequestVote, InstallSnapshot) with hashicorp/raft's own network
 // transport over connections the test chooses (plain TCP, or TLS with any
 // certificate or none), and NewCA and IssueCert make the throwaway
-// certificates such callers present. It lives under coordinator/store
+// certificates such callers present. MemberTLS gives a store under test the
+// TLS configurations of a member of a throwaway group. It lives under coordinator/store
 // because only that tree may import hashicorp/raft; nothing but tests
 // imports it.
 package rafttest
@@ -194,4 +195,23 @@ func IssueCert(ca tls.Certificate, role, name string) (tls.Certificate, error) {
 func serial() *big.Int {
 	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 	return n
+}
+
+// MemberTLS returns the server and client TLS configurations of a
+// coordinator named name in a throwaway group of its own (a fresh CA held
+// in memory), for tests that need a working store.
+func MemberTLS(name string) (server, client *tls.Config, err error) {
+	ca, err := NewCA()
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := IssueCert(ca, "obmesh-coordinator", name)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Leaf)
+	server = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}
+	client = &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS13}
+	return server, client, nil
 }
