@@ -4,14 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/internal/cli"
 )
 
 func runBMCSim(ctx context.Context, env cli.Env, args []string) int {
-	fs := newFlagSet(env, "bmcsim", "bmcsim [-ipmi N] [-user U] [-o json]")
+	fs := newFlagSet(env, "bmcsim", "bmcsim [-ipmi N] [-redfish N] [-mockup NAME] [-user U] [-o json]")
 	nIPMI := fs.Int("ipmi", 4, "how many IPMI BMCs to run on 127.0.0.1")
+	nRedfish := fs.Int("redfish", 0, "how many Redfish BMCs (HTTPS, DMTF mockup) to run on 127.0.0.1")
+	mockup := fs.String("mockup", "public-rackmount1", "DMTF mockup the Redfish BMCs serve: "+strings.Join(bmcsim.Mockups(), ", "))
 	user := fs.String("user", "admin", "BMC user name")
 	output := fs.String("o", "table", "output: table or json")
 	if _, err := cli.Parse(fs, args); err != nil {
@@ -19,6 +23,13 @@ func runBMCSim(ctx context.Context, env cli.Env, args []string) int {
 	}
 	if *nIPMI < 0 || *nIPMI > 20000 {
 		return fail(env, "bmcsim", fmt.Errorf("-ipmi must be between 0 and 20000"))
+	}
+	if *nRedfish < 0 || *nRedfish > 5000 {
+		return fail(env, "bmcsim", fmt.Errorf("-redfish must be between 0 and 5000"))
+	}
+	mockupDir, err := bmcsim.MockupDir(*mockup)
+	if err != nil {
+		return fail(env, "bmcsim", err)
 	}
 	password := env.Getenv("OBMESH_BMC_PASSWORD")
 	if password == "" {
@@ -31,19 +42,34 @@ func runBMCSim(ctx context.Context, env cli.Env, args []string) int {
 	defer fleet.Close()
 	type row struct {
 		Name, Driver, Address, Username string
+		// Fingerprint is a Redfish BMC's certificate SHA-256 (its
+		// fingerprint option).
+		Fingerprint string `json:",omitempty"`
 	}
 	var rows []row
 	for _, b := range fleet.IPMI {
-		rows = append(rows, row{b.Name, "ipmi", b.Addr, b.User})
+		rows = append(rows, row{Name: b.Name, Driver: "ipmi", Address: b.Addr, Username: b.User})
+	}
+	for i := 1; i <= *nRedfish; i++ {
+		rf, err := bmcsim.StartRedfish(bmcsim.RedfishConfig{Mockup: mockupDir, TransitionDelay: time.Second,
+			Users: map[string]bmcsim.RedfishUser{*user: {Password: password, Role: "Administrator"}}})
+		if err != nil {
+			return fail(env, "bmcsim", err)
+		}
+		defer rf.Close()
+		rows = append(rows, row{Name: fmt.Sprintf("redfish-%d", i), Driver: "redfish", Address: rf.URL, Username: *user, Fingerprint: rf.Fingerprint})
 	}
 	if *output == "json" {
 		enc := json.NewEncoder(env.Stdout)
 		enc.SetIndent("", "  ")
 		enc.Encode(rows)
 	} else {
-		fmt.Fprintf(env.Stdout, "%d IPMI BMC(s) on loopback (user %q; password from OBMESH_BMC_PASSWORD, default \"password\"):\n", len(rows), *user)
+		fmt.Fprintf(env.Stdout, "%d IPMI and %d Redfish BMC(s) on loopback (user %q; password from OBMESH_BMC_PASSWORD, default \"password\"):\n", len(fleet.IPMI), *nRedfish, *user)
 		for _, r := range rows {
-			fmt.Fprintf(env.Stdout, "  %-10s %s\n", r.Name, r.Address)
+			fmt.Fprintf(env.Stdout, "  %-12s %-8s %s\n", r.Name, r.Driver, r.Address)
+			if r.Fingerprint != "" {
+				fmt.Fprintf(env.Stdout, "  %-12s %-8s -option fingerprint=%s\n", "", "", r.Fingerprint)
+			}
 		}
 		fmt.Fprintln(env.Stdout, "Press Ctrl-C to stop.")
 	}
