@@ -15,6 +15,7 @@ import (
 	"github.com/obmesh/obmesh/coordinator/ops"
 	"github.com/obmesh/obmesh/coordinator/seal"
 	"github.com/obmesh/obmesh/coordinator/store"
+	"github.com/obmesh/obmesh/coordinator/store/rafttest"
 	"github.com/obmesh/obmesh/internal/agentpb"
 	"github.com/obmesh/obmesh/internal/logging"
 )
@@ -54,7 +55,12 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.New(store.Config{ID: "c1", Dir: filepath.Join(dir, "raft"), BindAddr: "127.0.0.1:0", Bootstrap: true}, logging.Discard())
+	srvTLS, cliTLS, err := rafttest.MemberTLS("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.New(store.Config{ID: "c1", Dir: filepath.Join(dir, "raft"), BindAddr: "127.0.0.1:0", Bootstrap: true,
+		ServerTLS: srvTLS, ClientTLS: cliTLS}, logging.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
