@@ -50,7 +50,9 @@ func pki(t *testing.T) (dir string) {
 	}
 	p := func(n string) string { return filepath.Join(dir, n) }
 	tlsutil.CreateCert(dir, tlsutil.CertRequest{Role: tlsutil.RoleCoordinator, Name: "c1", Validity: time.Hour}, p("c1.pem"), p("c1-key.pem"))
-	tlsutil.CreateCert(dir, tlsutil.CertRequest{Role: tlsutil.RoleAgent, Name: "a1", Validity: time.Hour}, p("a1.pem"), p("a1-key.pem"))
+	if err := tlsutil.CreateCert(dir, tlsutil.CertRequest{Role: tlsutil.RoleAgent, Name: "a1", Sites: []string{"s1"}, Validity: time.Hour}, p("a1.pem"), p("a1-key.pem")); err != nil {
+		t.Fatal(err)
+	}
 	return dir
 }
 

@@ -2,6 +2,19 @@
 // service agents connect to, the registry of connected agents and their
 // health, and Dispatch, which routes an operation to a healthy agent of the
 // node's site and waits for its result.
+//
+// Trust: an agent is who its verified certificate says (role agent, common
+// name equal to the hello's agent id) and serves only the sites its
+// certificate names (tlsutil's obmesh-site: URIs). A hello that claims a
+// site the certificate lacks, or a certificate that names no site at all,
+// is refused with codes.PermissionDenied before anything is registered, so
+// such an agent is never sent an operation (nor a BMC password) of a site
+// it was not issued for.
+//
+// Liveness: an agent silent for three heartbeat intervals is lost. Its
+// stream is closed at once and every operation in flight on it fails with
+// ErrOutcomeUnknown, without waiting for the transport's keepalive to
+// notice a hung peer.
 package agentsvc
 
 import (
@@ -43,8 +56,11 @@ func (e *NoAgentError) Error() string {
 func (e *NoAgentError) Is(t error) bool { return t == ErrNoAgent }
 
 // ErrOutcomeUnknown means the operation reached an agent but no result came
-// back: the agent disconnected or the deadline passed first.
+// back: the agent disconnected or was lost, or the deadline passed first.
 var ErrOutcomeUnknown = errors.New("operation outcome unknown")
+
+// lostAfter is how many heartbeat intervals of silence make an agent lost.
+const lostAfter = 3
 
 // Leadership is what the service needs from the store.
 type Leadership interface {
@@ -112,6 +128,7 @@ type conn struct {
 	lastContact time.Time
 	pending     map[string]chan *agentpb.OperationResult
 	closed      bool
+	gone        string // why the stream ended, for Dispatch's error; set with closed
 }
 
 func (c *conn) send(m *agentpb.CoordinatorMessage) error {
@@ -128,7 +145,7 @@ func (s *Service) notifyLocked() {
 // Connect serves one agent's control stream.
 func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 	ctx := stream.Context()
-	certName, err := agentIdentity(ctx)
+	certName, certSites, err := agentIdentity(ctx)
 	if err != nil {
 		return status.Error(codes.PermissionDenied, err.Error())
 	}
@@ -150,6 +167,10 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 		if !state.ValidName(site) {
 			return status.Errorf(codes.InvalidArgument, "invalid site name %q", site)
 		}
+	}
+	if err := checkSites(certName, certSites, hello.Sites); err != nil {
+		s.logger.Warn("agent refused", "agent", hello.AgentId, "claimed_sites", hello.Sites, "certificate_sites", certSites, "err", err)
+		return status.Error(codes.PermissionDenied, err.Error())
 	}
 	if !s.lead.IsLeader() {
 		// Agents follow the leader; tell this one to look elsewhere.
@@ -185,6 +206,7 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 	s.mu.Unlock()
 	s.logger.Info("agent connected", "agent", c.id, "sites", c.sites, "drivers", driverNames)
 
+	gone := "disconnected"
 	defer func() {
 		s.mu.Lock()
 		if s.conns[c.id] == c {
@@ -193,7 +215,7 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 		}
 		s.mu.Unlock()
 		c.mu.Lock()
-		c.closed = true
+		c.closed, c.gone = true, gone
 		for id, ch := range c.pending {
 			close(ch) // Dispatch sees a closed channel: outcome unknown
 			delete(c.pending, id)
@@ -227,34 +249,77 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 			}
 		}
 	}()
-	select {
-	case err := <-recvErr:
-		return err
-	case <-cctx.Done():
-		// Replaced by a newer stream, leadership lost, or the agent went
-		// away; returning tears the stream down, which ends the Recv loop.
-		return status.Error(codes.Unavailable, "stream closed by coordinator")
+	// The watchdog: a hung agent (stopped, wedged, its network silently
+	// dropping packets) keeps its TCP connection, so Recv would block until
+	// the transport's keepalive gives up. Silence for lostAfter heartbeats
+	// ends the stream instead, failing its operations in flight at once.
+	tick := time.NewTicker(s.cfg.Heartbeat / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-recvErr:
+			return err
+		case <-cctx.Done():
+			// Replaced by a newer stream, leadership lost, or the agent went
+			// away; returning tears the stream down, which ends the Recv loop.
+			return status.Error(codes.Unavailable, "stream closed by coordinator")
+		case now := <-tick.C:
+			c.mu.Lock()
+			silent, inflight := now.Sub(c.lastContact), len(c.pending)
+			c.mu.Unlock()
+			if silent > lostAfter*s.cfg.Heartbeat {
+				gone = fmt.Sprintf("was lost (no heartbeat for %v)", silent.Round(time.Millisecond))
+				s.logger.Warn("agent lost: no heartbeat; closing its stream and failing its operations in flight as outcome unknown",
+					"agent", c.id, "silent", silent.Round(time.Millisecond), "in_flight", inflight)
+				return status.Errorf(codes.Unavailable, "no heartbeat for %v: agent considered lost", silent.Round(time.Millisecond))
+			}
+		}
 	}
 }
 
-// agentIdentity returns the common name of the peer's agent certificate.
-func agentIdentity(ctx context.Context) (string, error) {
+// checkSites refuses a hello that claims a site the agent's certificate
+// does not name, and a certificate that names none.
+func checkSites(agentID string, certSites, claimed []string) error {
+	if len(certSites) == 0 {
+		return fmt.Errorf("the certificate of agent %q names no sites, so it may serve none; reissue it with "+
+			"`obmesh tls cert create -agent -name %s -sites SITE[,SITE...]` listing the sites in the agent's config", agentID, agentID)
+	}
+	var extra []string
+	for _, site := range claimed {
+		if !slices.Contains(certSites, site) {
+			extra = append(extra, site)
+		}
+	}
+	if len(extra) > 0 {
+		return fmt.Errorf("agent %q claims sites %q that its certificate does not name (it names %q); "+
+			"remove them from the agent's config or reissue its certificate with -sites", agentID, extra, certSites)
+	}
+	return nil
+}
+
+// agentIdentity returns the common name and the sites of the peer's verified
+// agent certificate.
+func agentIdentity(ctx context.Context) (string, []string, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return "", errors.New("no peer information")
+		return "", nil, errors.New("no peer information")
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok {
-		return "", errors.New("agent link requires TLS")
+		return "", nil, errors.New("agent link requires TLS")
 	}
 	role, name, err := tlsutil.PeerIdentity(ti.State)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if role != tlsutil.RoleAgent {
-		return "", fmt.Errorf("certificate role %q is not an agent", role)
+		return "", nil, fmt.Errorf("certificate role %q is not an agent", role)
 	}
-	return name, nil
+	sites, err := tlsutil.PeerSites(ti.State)
+	if err != nil {
+		return "", nil, err
+	}
+	return name, sites, nil
 }
 
 // DisconnectAll closes every agent stream (after a leadership loss), so
@@ -271,7 +336,7 @@ func (s *Service) DisconnectAll() {
 func (s *Service) healthy(c *conn, now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return !c.closed && now.Sub(c.lastContact) <= 3*s.cfg.Heartbeat
+	return !c.closed && now.Sub(c.lastContact) <= lostAfter*s.cfg.Heartbeat
 }
 
 // pick chooses a healthy agent serving site with driver: the one with the
@@ -375,7 +440,10 @@ func (s *Service) dispatch(ctx context.Context, site, driver string, op *agentpb
 	select {
 	case r, ok := <-ch:
 		if !ok {
-			return Result{Agent: c.id, Sent: true}, nil, fmt.Errorf("agent %s disconnected during the operation: %w", c.id, ErrOutcomeUnknown)
+			c.mu.Lock()
+			gone := c.gone
+			c.mu.Unlock()
+			return Result{Agent: c.id, Sent: true}, nil, fmt.Errorf("agent %s %s during the operation: %w", c.id, gone, ErrOutcomeUnknown)
 		}
 		return Result{OperationResult: r, Agent: c.id, Sent: true}, nil, nil
 	case cs := <-consoleCh: // nil channel for plain operations
@@ -392,7 +460,7 @@ func (s *Service) dispatch(ctx context.Context, site, driver string, op *agentpb
 // operation: it hands the stream to the waiting OpenConsole and keeps it
 // open until the ConsoleStream is closed or the agent goes away.
 func (s *Service) Console(stream agentpb.AgentLink_ConsoleServer) error {
-	if _, err := agentIdentity(stream.Context()); err != nil {
+	if _, _, err := agentIdentity(stream.Context()); err != nil {
 		return status.Error(codes.PermissionDenied, err.Error())
 	}
 	first, err := stream.Recv()

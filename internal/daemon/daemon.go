@@ -183,13 +183,14 @@ func tlsCommand() *cli.Command {
 		return 0
 	}
 	certCreate := func(_ context.Context, env cli.Env, args []string) int {
-		fs := newFlagSet(env, "tls cert create", "tls cert create -agent|-coordinator -name NAME [-ca-dir DIR] [-out DIR] [-hosts h1,h2]")
+		fs := newFlagSet(env, "tls cert create", "tls cert create -agent -name ID -sites s1,s2 | -coordinator -name NAME [-hosts h1,h2] [-ca-dir DIR] [-out DIR]")
 		isAgent := fs.Bool("agent", false, "issue an agent certificate (NAME is the agent id)")
 		isCoord := fs.Bool("coordinator", false, "issue a coordinator certificate")
 		name := fs.String("name", "", "agent id or coordinator name")
 		caDir := fs.String("ca-dir", ".", "directory holding ca.pem and ca-key.pem")
 		out := fs.String("out", ".", "directory for NAME.pem and NAME-key.pem")
 		hosts := fs.String("hosts", "localhost,127.0.0.1,::1", "coordinator: comma-separated DNS names and IPs")
+		sites := fs.String("sites", "", "agent (required): comma-separated sites the agent may serve; the coordinator refuses any other")
 		validity := fs.Duration("validity", 2*365*24*time.Hour, "how long the certificate is valid")
 		if _, err := cli.Parse(fs, args); err != nil {
 			return 2
@@ -198,12 +199,26 @@ func tlsCommand() *cli.Command {
 			fmt.Fprintln(env.Stderr, "obmesh tls cert create: pass exactly one of -agent or -coordinator, and -name")
 			return 2
 		}
+		if *isAgent && len(splitList(*sites)) == 0 {
+			fmt.Fprintln(env.Stderr, "obmesh tls cert create: an agent certificate needs -sites: the sites the agent may serve (e.g. -sites default)")
+			return 2
+		}
+		if *isCoord && *sites != "" {
+			fmt.Fprintln(env.Stderr, "obmesh tls cert create: -sites is for agent certificates")
+			return 2
+		}
 		role := tlsutil.RoleAgent
 		if *isCoord {
 			role = tlsutil.RoleCoordinator
 		}
 		cert, key := filepath.Join(*out, *name+".pem"), filepath.Join(*out, *name+"-key.pem")
-		err := tlsutil.CreateCert(*caDir, tlsutil.CertRequest{Role: role, Name: *name, Hosts: splitList(*hosts), Validity: *validity}, cert, key)
+		req := tlsutil.CertRequest{Role: role, Name: *name, Validity: *validity}
+		if *isAgent {
+			req.Sites = splitList(*sites)
+		} else {
+			req.Hosts = splitList(*hosts)
+		}
+		err := tlsutil.CreateCert(*caDir, req, cert, key)
 		if err != nil {
 			return fail(env, "tls cert create", err)
 		}

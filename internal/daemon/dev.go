@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -39,10 +40,9 @@ func DevSetup(dir, httpAddr string) (coordinator.Config, agent.Config, error) {
 			filepath.Join(tlsDir, "coordinator.pem"), filepath.Join(tlsDir, "coordinator-key.pem")); err != nil {
 			return coordinator.Config{}, agent.Config{}, err
 		}
-		if err := tlsutil.CreateCert(tlsDir, tlsutil.CertRequest{Role: tlsutil.RoleAgent, Name: "dev-agent", Validity: 365 * 24 * time.Hour},
-			filepath.Join(tlsDir, "agent.pem"), filepath.Join(tlsDir, "agent-key.pem")); err != nil {
-			return coordinator.Config{}, agent.Config{}, err
-		}
+	}
+	if err := devAgentCert(tlsDir); err != nil {
+		return coordinator.Config{}, agent.Config{}, err
 	}
 	keyring := filepath.Join(dir, "keyring.json")
 	if _, err := os.Stat(keyring); errors.Is(err, os.ErrNotExist) {
@@ -79,10 +79,34 @@ func DevSetup(dir, httpAddr string) (coordinator.Config, agent.Config, error) {
 
 	ac := agent.DefaultConfig()
 	ac.ID = "dev-agent"
-	ac.Sites = []string{"default"}
+	ac.Sites = slices.Clone(devSites)
 	ac.TLS = agent.TLSConfig{CAFile: cc.AgentLink.CAFile, CertFile: filepath.Join(tlsDir, "agent.pem"), KeyFile: filepath.Join(tlsDir, "agent-key.pem")}
 	ac.Link.BackoffMax = config.Duration(2 * time.Second)
 	return cc, ac, nil
+}
+
+// devSites are the sites the dev agent serves, and the sites its
+// certificate names.
+var devSites = []string{"default"}
+
+// devAgentCert issues the dev agent's certificate for devSites, replacing
+// one from an older obmesh that names no sites (which the coordinator would
+// refuse) in a kept data directory.
+func devAgentCert(tlsDir string) error {
+	certPath, keyPath := filepath.Join(tlsDir, "agent.pem"), filepath.Join(tlsDir, "agent-key.pem")
+	sites, err := tlsutil.FileSites(certPath)
+	if err == nil && !slices.ContainsFunc(devSites, func(s string) bool { return !slices.Contains(sites, s) }) {
+		return nil
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, p := range []string{certPath, keyPath} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return tlsutil.CreateCert(tlsDir, tlsutil.CertRequest{Role: tlsutil.RoleAgent, Name: "dev-agent", Sites: devSites, Validity: 365 * 24 * time.Hour}, certPath, keyPath)
 }
 
 func runDev(ctx context.Context, env cli.Env, args []string) int {

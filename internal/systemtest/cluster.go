@@ -104,7 +104,7 @@ func newGroup(t testing.TB, binPath string, n int, net *Net, agentIDs ...string)
 		m.Config = writeTOML(t, dir, m.Name+".toml", cc)
 	}
 	for _, id := range agentIDs {
-		run("tls", "cert", "create", "-agent", "-name", id, "-ca-dir", tlsDir, "-out", tlsDir)
+		run("tls", "cert", "create", "-agent", "-name", id, "-sites", "default", "-ca-dir", tlsDir, "-out", tlsDir)
 		ac := agent.DefaultConfig()
 		ac.ID = id
 		ac.Sites = []string{"default"}

@@ -245,7 +245,7 @@ func NewCluster(t testing.TB, bin, repoRoot string) *Cluster {
 	tlsDir := filepath.Join(dir, "tls")
 	c.mustRun("tls", "ca", "create", "-dir", tlsDir)
 	c.mustRun("tls", "cert", "create", "-coordinator", "-name", "c1", "-ca-dir", tlsDir, "-out", tlsDir)
-	c.mustRun("tls", "cert", "create", "-agent", "-name", "a1", "-ca-dir", tlsDir, "-out", tlsDir)
+	c.mustRun("tls", "cert", "create", "-agent", "-name", "a1", "-sites", "default", "-ca-dir", tlsDir, "-out", tlsDir)
 	c.mustRun("keyring", "create", filepath.Join(dir, "keyring.json"))
 
 	cc, err := coordinator.LoadConfig(filepath.Join(repoRoot, "configs", "coordinator.toml"))

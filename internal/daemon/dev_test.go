@@ -1,0 +1,51 @@
+package daemon
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/obmesh/obmesh/internal/tlsutil"
+)
+
+// The dev agent's certificate names the sites the dev agent serves, and a
+// kept data directory whose agent certificate does not (one issued before
+// certificates named sites) gets a new one instead of an agent the
+// coordinator refuses.
+func TestDevSetup_AgentCertificateNamesItsSites(t *testing.T) {
+	dir := t.TempDir()
+	_, ac, err := DevSetup(dir, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sites, err := tlsutil.FileSites(ac.TLS.CertFile)
+	if err != nil || !slices.Equal(sites, ac.Sites) || len(sites) == 0 {
+		t.Fatalf("dev agent certificate names %v (%v), agent serves %v", sites, err, ac.Sites)
+	}
+	// A kept directory: the certificate is reused as is.
+	before, _ := os.ReadFile(ac.TLS.CertFile)
+	if _, _, err := DevSetup(dir, "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.ReadFile(ac.TLS.CertFile); string(after) != string(before) {
+		t.Error("a valid dev agent certificate was reissued")
+	}
+	// A certificate that does not name the dev sites is replaced.
+	tlsDir := filepath.Dir(ac.TLS.CertFile)
+	os.Remove(ac.TLS.CertFile)
+	os.Remove(ac.TLS.KeyFile)
+	if err := tlsutil.CreateCert(tlsDir, tlsutil.CertRequest{Role: tlsutil.RoleAgent, Name: "dev-agent", Sites: []string{"elsewhere"}, Validity: time.Hour}, ac.TLS.CertFile, ac.TLS.KeyFile); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := DevSetup(dir, "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	if sites, err := tlsutil.FileSites(ac.TLS.CertFile); err != nil || !slices.Equal(sites, ac.Sites) {
+		t.Errorf("after DevSetup on an old directory the agent certificate names %v (%v), want %v", sites, err, ac.Sites)
+	}
+	if _, err := tlsutil.ClientConfig(tlsutil.Files{CA: filepath.Join(tlsDir, tlsutil.CACertFile), Cert: ac.TLS.CertFile, Key: ac.TLS.KeyFile}); err != nil {
+		t.Errorf("reissued certificate and key do not load as a pair: %v", err)
+	}
+}
