@@ -122,7 +122,12 @@ func (s *Service) Join(ctx context.Context, req *clusterpb.JoinRequest) (*cluste
 	if !s.raft.IsLeader() {
 		return &clusterpb.JoinResponse{LeaderLinkAddr: s.LeaderLinkAddr()}, nil
 	}
+	// AddVoter first reaches the caller at the Raft address it gave, over
+	// Raft's mutual TLS, and checks it is the coordinator named req.Id.
 	if err := s.raft.AddVoter(ctx, req.Id, req.RaftAddr); err != nil {
+		if errors.Is(err, store.ErrPeerIdentity) {
+			return nil, status.Errorf(codes.PermissionDenied, "add voter: %v", err)
+		}
 		return nil, status.Errorf(codes.Unavailable, "add voter: %v", err)
 	}
 	if _, err := s.raft.Apply(ctx, state.PutMember{Member: state.Member{ID: req.Id, RaftAddr: req.RaftAddr, APIAddr: req.ApiAddr, LinkAddr: req.LinkAddr}}); err != nil {
