@@ -25,8 +25,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	"github.com/obmesh/obmesh/agent/pluginhost"
 	"github.com/obmesh/obmesh/internal/agentpb"
@@ -168,7 +170,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		if welcomed {
 			backoff = a.cfg.Link.BackoffMin.D()
 		}
-		if errors.Is(err, errRedirect) {
+		if status.Code(err) == codes.PermissionDenied {
+			// Refused for who this agent is (its certificate, id or
+			// sites): retrying soon cannot help, so wait the longest.
+			backoff = a.cfg.Link.BackoffMax.D()
+			a.logger.Error("coordinator refused this agent; fix its certificate or its config (id, sites)",
+				"coordinator", addr, "reason", status.Convert(err).Message(), "retry_in", backoff)
+		} else if errors.Is(err, errRedirect) {
 			a.logger.Info("coordinator is not the leader; trying again", "coordinator", addr, "backoff", backoff)
 		} else {
 			a.logger.Warn("coordinator link down; reconnecting", "coordinator", addr, "err", err, "backoff", backoff)

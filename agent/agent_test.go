@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"github.com/obmesh/obmesh/internal/agentpb"
 	"github.com/obmesh/obmesh/internal/config"
@@ -196,5 +198,74 @@ func TestAgent_ReconnectsAndKeepsEpoch(t *testing.T) {
 	}
 	if a.Connected() {
 		t.Errorf("Connected() = true while not welcomed")
+	}
+}
+
+// refusingLink refuses every agent for who it is, as a coordinator does for
+// a certificate that does not name the claimed sites.
+type refusingLink struct {
+	agentpb.UnimplementedAgentLinkServer
+	attempts chan time.Time
+}
+
+func (f *refusingLink) Connect(s agentpb.AgentLink_ConnectServer) error {
+	if _, err := s.Recv(); err != nil {
+		return err
+	}
+	f.attempts <- time.Now()
+	return status.Error(codes.PermissionDenied, `agent "a1" claims sites ["s1"] that its certificate does not name`)
+}
+
+// A refused agent does not retry in a loop: after a refusal it waits its
+// longest backoff.
+func TestAgent_RefusedHelloWaitsTheLongestBackoff(t *testing.T) {
+	dir := pki(t)
+	scfg, err := tlsutil.ServerConfig(tlsutil.Files{CA: filepath.Join(dir, "ca.pem"), Cert: filepath.Join(dir, "c1.pem"), Key: filepath.Join(dir, "c1-key.pem")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &refusingLink{attempts: make(chan time.Time, 100)}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(scfg)))
+	agentpb.RegisterAgentLinkServer(srv, f)
+	var wg sync.WaitGroup
+	wg.Go(func() { srv.Serve(ln) })
+	defer func() { srv.Stop(); wg.Wait() }()
+
+	cfg := DefaultConfig()
+	cfg.ID, cfg.Sites, cfg.Coordinators = "a1", []string{"s1"}, []string{ln.Addr().String()}
+	cfg.TLS = TLSConfig{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "a1.pem"), KeyFile: filepath.Join(dir, "a1-key.pem")}
+	cfg.Plugins.Builtin = []string{"mock"}
+	const backoffMax = 1200 * time.Millisecond
+	cfg.Link.BackoffMin, cfg.Link.BackoffMax = config.Duration(10*time.Millisecond), config.Duration(backoffMax)
+	cfg.PluginCommand = func(string) *exec.Cmd { return sdktest.SelfCommand() }
+	a, err := New(cfg, logging.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	next := func() time.Time {
+		select {
+		case at := <-f.attempts:
+			return at
+		case <-time.After(10 * time.Second):
+			t.Fatal("the agent did not try again within 10s")
+			return time.Time{}
+		}
+	}
+	first := next()
+	second := next()
+	if gap := second.Sub(first); gap < backoffMax/2 {
+		t.Errorf("refused agent retried after %v, want at least half its longest backoff (%v)", gap, backoffMax/2)
+	}
+	if a.Connected() {
+		t.Error("a refused agent reports itself connected")
 	}
 }
