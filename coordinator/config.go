@@ -42,6 +42,27 @@ type HTTPConfig struct {
 	// programs use it to finish setup, such as an import, before the first
 	// request is answered).
 	Gate <-chan struct{} `toml:"-"`
+
+	// ReadHeaderTimeout bounds reading a request's headers (and the TLS
+	// handshake).
+	ReadHeaderTimeout config.Duration `toml:"read_header_timeout"`
+	// ReadBodyTimeout bounds reading a request's body, from the end of its
+	// headers. A request without a body has no body deadline.
+	ReadBodyTimeout config.Duration `toml:"read_body_timeout"`
+	// WriteTimeout bounds a request from the end of its headers to the
+	// end of its answer; it must exceed the longest operation (?timeout=
+	// is at most 5m). Console streams are exempt once authenticated.
+	WriteTimeout config.Duration `toml:"write_timeout"`
+	// IdleTimeout closes a kept-alive connection that sends no request.
+	IdleTimeout config.Duration `toml:"idle_timeout"`
+	// MaxHeaderBytes bounds a request's headers.
+	MaxHeaderBytes int `toml:"max_header_bytes"`
+	// MaxConnections is the most connections open at once; when reached,
+	// new ones wait in the kernel's backlog until one closes.
+	MaxConnections int `toml:"max_connections"`
+	// MaxConnectionsPerClient is the most connections open at once from
+	// one client address (IPv6: one /64); more are closed at once.
+	MaxConnectionsPerClient int `toml:"max_connections_per_client"`
 }
 
 // OBMDConfig configures the obmd-compatible API (/node/...) that HIL uses.
@@ -97,8 +118,11 @@ type OperationsConfig struct {
 // DefaultConfig returns the defaults a config file is decoded over.
 func DefaultConfig() Config {
 	return Config{
-		LogLevel:   "info",
-		HTTP:       HTTPConfig{Listen: "127.0.0.1:8080"},
+		LogLevel: "info",
+		HTTP: HTTPConfig{Listen: "127.0.0.1:8080",
+			ReadHeaderTimeout: config.Duration(10 * time.Second), ReadBodyTimeout: config.Duration(time.Minute),
+			WriteTimeout: config.Duration(6 * time.Minute), IdleTimeout: config.Duration(2 * time.Minute),
+			MaxHeaderBytes: 64 << 10, MaxConnections: 4096, MaxConnectionsPerClient: 256},
 		Raft:       RaftConfig{Listen: "127.0.0.1:7000"},
 		AgentLink:  AgentLinkConfig{Listen: "127.0.0.1:7443", Heartbeat: config.Duration(2 * time.Second), AgentWait: config.Duration(5 * time.Second)},
 		Operations: OperationsConfig{DefaultTimeout: config.Duration(30 * time.Second), DefaultSite: "default"},
@@ -143,6 +167,7 @@ func (c *Config) Validate() error {
 	if c.HTTP.AdminToken != "" && len(c.HTTP.AdminToken) < 16 {
 		errs = append(errs, errors.New("http.admin_token must be at least 16 characters"))
 	}
+	errs = append(errs, c.HTTP.validateLimits(c.Operations.DefaultTimeout.D())...)
 	if c.OBMD.AdminToken != "" && c.OBMD.AdminTokenFile != "" {
 		errs = append(errs, errors.New("set obmd.admin_token or obmd.admin_token_file, not both"))
 	}
@@ -201,4 +226,30 @@ func (c *Config) adminToken() (string, error) {
 		return "", fmt.Errorf("admin token in %s must be at least 16 characters", c.HTTP.AdminTokenFile)
 	}
 	return t, nil
+}
+
+// validateLimits checks the listener's timeouts and limits.
+func (h *HTTPConfig) validateLimits(opTimeout time.Duration) []error {
+	var errs []error
+	for _, d := range []struct {
+		name string
+		v    config.Duration
+	}{{"read_header_timeout", h.ReadHeaderTimeout}, {"read_body_timeout", h.ReadBodyTimeout}, {"write_timeout", h.WriteTimeout}, {"idle_timeout", h.IdleTimeout}} {
+		if d.v.D() <= 0 {
+			errs = append(errs, fmt.Errorf("http.%s must be positive", d.name))
+		}
+	}
+	if opTimeout > 0 && h.WriteTimeout.D() > 0 && h.WriteTimeout.D() <= opTimeout {
+		errs = append(errs, fmt.Errorf("http.write_timeout (%v) must exceed operations.default_timeout (%v), or answers to operations are cut off", h.WriteTimeout.D(), opTimeout))
+	}
+	if h.MaxHeaderBytes < 4<<10 || h.MaxHeaderBytes > 1<<20 {
+		errs = append(errs, errors.New("http.max_header_bytes must be between 4096 and 1048576"))
+	}
+	if h.MaxConnections < 1 {
+		errs = append(errs, errors.New("http.max_connections must be at least 1"))
+	}
+	if h.MaxConnectionsPerClient < 1 || h.MaxConnectionsPerClient > h.MaxConnections {
+		errs = append(errs, errors.New("http.max_connections_per_client must be between 1 and http.max_connections"))
+	}
+	return errs
 }

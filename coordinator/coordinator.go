@@ -151,7 +151,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			mux.ServeHTTP(w, r)
 		})
 	}
-	members.SetHandler(local)
+	members.SetHandler(memberRequests(local))
 	root := forwarding(st, cluster.NewForwarder(members), local)
 	if gate := s.cfg.HTTP.Gate; gate != nil {
 		inner := root
@@ -163,8 +163,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			}
 		})
 	}
-	httpSrv := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-		ErrorLog: slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn)}
+	httpSrv, httpLim := newHTTPServer(s.cfg.HTTP, httpLn, root, s.logger)
 	grpcSrv := grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(linkTLS)),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
@@ -183,9 +182,9 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	wg.Go(func() {
 		var err error
 		if s.cfg.HTTP.TLSCert != "" {
-			err = httpSrv.ServeTLS(httpLn, s.cfg.HTTP.TLSCert, s.cfg.HTTP.TLSKey)
+			err = httpSrv.ServeTLS(httpLim, s.cfg.HTTP.TLSCert, s.cfg.HTTP.TLSKey)
 		} else {
-			err = httpSrv.Serve(httpLn)
+			err = httpSrv.Serve(httpLim)
 		}
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("http: %w", err)
@@ -275,19 +274,16 @@ type leadership struct {
 
 func (l leadership) LeaderLinkAddr() string { return l.members.LeaderLinkAddr() }
 
-// forwarding serves a request locally on the leader and forwards it to
-// the leader elsewhere. Stale reads (?stale=true) and /v1/status are served
-// by any member. A forwarded request reaching a member that is no longer
-// the leader is answered with 503, never forwarded twice.
+// forwarding serves a public request locally on the leader and forwards it
+// to the leader elsewhere. Stale reads (?stale=true) and /v1/status are
+// served by any member. A forwarded request runs on the leader's handler
+// directly (memberRequests), never here, so it is never forwarded twice: a
+// member that lost the leadership meanwhile answers it with 503.
 func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if st.IsLeader() || r.URL.Path == "/v1/status" ||
 			(r.Method == http.MethodGet && r.URL.Query().Get("stale") == "true") {
 			local.ServeHTTP(w, r)
-			return
-		}
-		if cluster.IsForwarded(r) {
-			noLeader(w, r)
 			return
 		}
 		// An operation gets its id here, so this member can name it even
@@ -300,15 +296,30 @@ func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler) http
 		switch {
 		case served:
 			if opID != "" {
-				r.Header.Set(api.OperationIDHeader, opID)
+				r = r.WithContext(apiserver.WithOperationID(r.Context(), opID))
 			}
 			local.ServeHTTP(w, r) // this member became the leader meanwhile
 		case errors.Is(err, cluster.ErrLeaderLost):
 			leaderLost(w, r, opID)
+		case err != nil && r.Context().Err() != nil:
+			requestAborted(w, r)
 		case err != nil:
 			noLeader(w, r)
 		}
 	})
+}
+
+// requestAborted answers a request that ended on the client's side (its
+// body did not arrive in time, or it went away) before the leader answered.
+func requestAborted(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Connection", "close")
+	if hilproxy.Owns(r) {
+		w.WriteHeader(http.StatusRequestTimeout)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusRequestTimeout)
+	fmt.Fprintf(w, "{\"error\":{\"code\":%q,\"message\":%q}}\n", api.CodeRequestTimeout, "the request was not received in time")
 }
 
 // leaderLost answers a request whose leader died mid-way: the outcome is

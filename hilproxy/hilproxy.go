@@ -7,6 +7,11 @@
 // Routing is by hand rather than with http.ServeMux patterns, because obmd's
 // order of checks, its 404-on-failed-admin-auth, its empty 405s and its
 // refusal of encoded slashes do not fit them.
+//
+// A failed authentication (a 401, or the 404 of a failed admin check)
+// closes the connection. The server that mounts the handler bounds each
+// request with read and write deadlines; the console stream lifts them
+// once its token is checked, never before.
 package hilproxy
 
 import (
@@ -20,6 +25,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/obmesh/obmesh/coordinator/api"
 )
@@ -140,6 +146,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if rs[0].admin && !h.adminOK(r) {
 		// obmd hides admin routes (and node existence) without auth.
+		w.Header().Set("Connection", "close")
 		http.NotFound(w, r)
 		return
 	}
@@ -199,6 +206,9 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	if status == http.StatusInternalServerError {
 		h.log.Warn("obmd request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	if status == http.StatusUnauthorized {
+		w.Header().Set("Connection", "close")
 	}
 	w.WriteHeader(status)
 }
@@ -282,6 +292,7 @@ func userToken(r *http.Request) (Token, error) {
 func (h *Handler) authorize(w http.ResponseWriter, r *http.Request, node string, decode func([]byte) error) bool {
 	t, err := userToken(r)
 	if err != nil {
+		w.Header().Set("Connection", "close")
 		w.WriteHeader(http.StatusUnauthorized)
 		return false
 	}
@@ -389,6 +400,10 @@ func (h *Handler) console(w http.ResponseWriter, r *http.Request, node string) {
 	if !h.authorize(w, r, node, nil) {
 		return
 	}
+	// Authenticated: the stream lasts as long as the viewer stays.
+	ctl := http.NewResponseController(w)
+	ctl.SetReadDeadline(time.Time{})
+	ctl.SetWriteDeadline(time.Time{})
 	// One viewer per node: a new one ends the previous stream first.
 	h.dropViewer(node)
 	rc, err := h.b.OpenConsole(r.Context(), node)

@@ -169,7 +169,8 @@ type ErrorBody struct {
 }
 
 // OperationIDHeader carries the id a member chose for an operation it
-// forwards to the leader.
+// forwards to the leader. It is honoured only between members: a
+// coordinator removes it from every request a client sends.
 const OperationIDHeader = "X-Obmesh-Operation-Id"
 
 // Stable error codes.
@@ -188,6 +189,7 @@ const (
 	CodeBMCPrivilege    = "bmc_insufficient_privilege"
 	CodeBMCProtocol     = "bmc_protocol_error"
 	CodeTimeout         = "timeout"
+	CodeRequestTimeout  = "request_timeout" // the request's body did not arrive in time
 	CodePluginFailed    = "plugin_failed"
 	CodeDriverError     = "driver_error"
 	CodeOutcomeUnknown  = "outcome_unknown"

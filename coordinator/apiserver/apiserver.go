@@ -1,6 +1,14 @@
 // Package apiserver serves obmesh's native HTTP API (/v1) over interfaces it
 // declares: bearer-token auth, size-limited strict JSON bodies, one JSON
 // writer and one error mapper with stable error codes.
+//
+// A 401 closes the connection. The server that mounts the handler bounds
+// each request with read and write deadlines; a streaming route (a console,
+// an event stream) calls streaming(w) to lift them, and only after the
+// request is authenticated. An operation's id is drawn by the runner unless
+// the request's context carries one from WithOperationID, which only the
+// members' authenticated forward path sets: no header a client sends
+// chooses an id.
 package apiserver
 
 import (
@@ -13,6 +21,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -104,7 +113,7 @@ func New(cfg Config, st Store, op Operator, agents Agents, nodes *ops.Registry, 
 	s.handle("POST /v1/operator/snapshot", s.snapshotRestore)
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		if !s.authorized(r) {
-			writeError(w, errUnauthorized, nil)
+			unauthorized(w)
 			return
 		}
 		writeError(w, &apiError{http.StatusNotFound, api.CodeNotFound, "no such API endpoint: " + r.Method + " " + r.URL.Path}, nil)
@@ -117,7 +126,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 func (s *Server) handle(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		if !s.authorized(r) {
-			writeError(w, errUnauthorized, nil)
+			unauthorized(w)
 			return
 		}
 		if err := h(w, r); err != nil {
@@ -156,6 +165,40 @@ type apiError struct {
 func (e *apiError) Error() string { return e.msg }
 
 var errUnauthorized = &apiError{http.StatusUnauthorized, api.CodeUnauthorized, "missing or wrong bearer token"}
+
+// unauthorized answers 401 and closes the connection, so a client guessing
+// tokens pays a new connection per guess and holds none open.
+func unauthorized(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	writeError(w, errUnauthorized, nil)
+}
+
+// errBodyTimeout answers a request whose body did not arrive in time.
+var errBodyTimeout = &apiError{http.StatusRequestTimeout, api.CodeRequestTimeout, "the request body was not received in time"}
+
+// streaming lifts the read and write deadlines the server set for the
+// request, for a route that streams for as long as the client stays. Call
+// it only after the request is authenticated.
+func streaming(w http.ResponseWriter) {
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Time{})
+	rc.SetWriteDeadline(time.Time{})
+}
+
+type operationIDKey struct{}
+
+// WithOperationID returns ctx carrying the id a forwarding member chose for
+// the request's operation. Only the members' authenticated forward path
+// (and the member that forwards, when it became the leader meanwhile) may
+// call it. The runner refuses an id that is taken.
+func WithOperationID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, operationIDKey{}, id)
+}
+
+func operationID(ctx context.Context) string {
+	id, _ := ctx.Value(operationIDKey{}).(string)
+	return id
+}
 
 func badRequest(format string, args ...any) error {
 	return &apiError{http.StatusBadRequest, api.CodeInvalidArgument, fmt.Sprintf(format, args...)}
@@ -207,7 +250,7 @@ func classify(err error) (int, string, string) {
 		return http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, fmt.Sprintf("request body is larger than %d bytes", mbe.Limit)
 	case errors.Is(err, ops.ErrNodeNotFound), errors.Is(err, state.ErrNotFound):
 		return http.StatusNotFound, api.CodeNotFound, err.Error()
-	case errors.Is(err, state.ErrExists):
+	case errors.Is(err, state.ErrExists), errors.Is(err, ops.ErrOperationID):
 		return http.StatusConflict, api.CodeAlreadyExists, err.Error()
 	case errors.Is(err, state.ErrInvalid):
 		return http.StatusBadRequest, api.CodeInvalidArgument, err.Error()
@@ -259,6 +302,9 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 		if errors.As(err, &mbe) {
 			return err
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return errBodyTimeout
+		}
 		if errors.Is(err, io.EOF) {
 			return badRequest("request body is empty; a JSON object is required")
 		}
@@ -271,6 +317,9 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return err
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return errBodyTimeout
 		}
 		return badRequest("malformed JSON body: data after the object")
 	}
@@ -361,7 +410,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req ops.Request) er
 		return err
 	}
 	defer cancel()
-	req.ID = r.Header.Get(api.OperationIDHeader)
+	req.ID = operationID(r.Context())
 	rec, err := s.ops.Do(ctx, req)
 	if err != nil {
 		if rec.ID == "" {
@@ -471,6 +520,9 @@ func (s *Server) console(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// Authenticated (by handle): the console streams for as long as the
+	// client stays.
+	streaming(w)
 	con, rec, err := s.ops.OpenConsole(octx, r.PathValue("name"))
 	cancel()
 	if err != nil {
@@ -577,6 +629,9 @@ func (s *Server) snapshotRestore(w http.ResponseWriter, r *http.Request) error {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return err
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return errBodyTimeout
 		}
 		return badRequest("read snapshot: %v", err)
 	}

@@ -18,9 +18,30 @@ import (
 // HTTPHandler runs forwarded requests on the leader.
 type HTTPHandler = http.Handler
 
-// ForwardedHeader marks a forwarded request, so a member that lost the
-// leadership meanwhile answers instead of forwarding again.
+// ForwardedHeader names the member that forwarded a request (for the
+// leader's logs). A forwarded request runs on the leader's handler
+// directly, never on its forwarding step, so it cannot be forwarded twice.
 const ForwardedHeader = "X-Obmesh-Forwarded-By"
+
+// StreamHeader, on the answer to a forwarded request, tells the forwarding
+// member that the leader's handler lifted its deadlines (an authenticated
+// console stream), so the forwarding member lifts its own.
+const StreamHeader = "X-Obmesh-Streaming"
+
+// InternalHeaders are the headers members send each other. A member trusts
+// them only on requests that arrive over Forward (coordinator certificates
+// only); the public listener removes them from every request before
+// anything reads them, and Forward never copies a client's.
+var InternalHeaders = []string{ForwardedHeader, OperationIDHeader, StreamHeader}
+
+func internalHeader(name string) bool {
+	for _, k := range InternalHeaders {
+		if http.CanonicalHeaderKey(name) == k {
+			return true
+		}
+	}
+	return false
+}
 
 // maxForwardBody bounds a forwarded request body (snapshots are the
 // largest).
@@ -69,6 +90,11 @@ func (s *Service) Forward(stream clusterpb.Cluster_ForwardServer) error {
 		for {
 			f, err := stream.Recv()
 			if err != nil {
+				// A body that ends without its End frame is cut short,
+				// never complete.
+				if errors.Is(err, io.EOF) {
+					err = io.ErrUnexpectedEOF
+				}
 				bodyW.CloseWithError(err)
 				return
 			}
@@ -100,6 +126,21 @@ type streamWriter struct {
 }
 
 func (w *streamWriter) Header() http.Header { return w.header }
+
+// SetWriteDeadline is called (through http.ResponseController) by a
+// handler that lifts its deadlines to stream: before the head is sent,
+// lifting the deadline marks the answer so the forwarding member lifts its
+// own. A forwarded request has no deadline of its own here; the forwarding
+// member's bound it.
+func (w *streamWriter) SetWriteDeadline(t time.Time) error {
+	if t.IsZero() && !w.wroteHead {
+		w.header.Set(StreamHeader, "1")
+	}
+	return nil
+}
+
+// SetReadDeadline: see SetWriteDeadline.
+func (w *streamWriter) SetReadDeadline(t time.Time) error { return w.SetWriteDeadline(t) }
 
 func (w *streamWriter) WriteHeader(code int) {
 	if w.wroteHead {
@@ -207,7 +248,7 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, opID string)
 	}
 	head := &clusterpb.HTTPFrame{Method: r.Method, Uri: r.URL.RequestURI(), RemoteAddr: r.RemoteAddr}
 	for k, vs := range r.Header {
-		if hopByHop[k] {
+		if hopByHop[k] || internalHeader(k) {
 			continue
 		}
 		for _, v := range vs {
@@ -221,22 +262,34 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, opID string)
 	if err := stream.Send(head); err != nil {
 		return false, ErrNoLeader
 	}
-	// Request body, streamed (bounded).
-	var sendErr error
+	// Request body, streamed (bounded). A body that fails (too large,
+	// too slow, cut off) is sent without its End frame, so the leader sees
+	// it cut short rather than complete.
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		buf := make([]byte, 32<<10)
-		body := io.LimitReader(r.Body, maxForwardBody)
+		var body io.Reader = http.NoBody
+		if r.Body != nil {
+			body = r.Body
+		}
+		sent := int64(0)
 		for {
 			n, rerr := body.Read(buf)
+			if sent += int64(n); sent > maxForwardBody {
+				stream.CloseSend()
+				return
+			}
 			if n > 0 {
 				if err := stream.Send(&clusterpb.HTTPFrame{Body: append([]byte(nil), buf[:n]...)}); err != nil {
-					sendErr = err
 					return
 				}
 			}
-			if rerr != nil {
+			if errors.Is(rerr, io.EOF) {
 				stream.Send(&clusterpb.HTTPFrame{End: true})
+				stream.CloseSend()
+				return
+			}
+			if rerr != nil {
 				stream.CloseSend()
 				return
 			}
@@ -250,17 +303,33 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, opID string)
 		}
 		return false, ErrNoLeader
 	}
+	streaming := false
 	for _, h := range first.Headers {
-		if !hopByHop[h.Name] {
+		switch {
+		case http.CanonicalHeaderKey(h.Name) == "Connection":
+			// The leader closes after some answers (a 401): so does this
+			// member.
+			if strings.Contains(strings.ToLower(h.Value), "close") {
+				w.Header().Set("Connection", "close")
+			}
+		case http.CanonicalHeaderKey(h.Name) == StreamHeader:
+			streaming = true
+		case !hopByHop[h.Name]:
 			w.Header().Add(h.Name, h.Value)
 		}
+	}
+	if streaming {
+		// The leader authenticated the request and streams: lift this
+		// member's deadlines for it too.
+		rc := http.NewResponseController(w)
+		rc.SetWriteDeadline(time.Time{})
+		rc.SetReadDeadline(time.Time{})
 	}
 	w.WriteHeader(int(first.Status))
 	flusher, _ := w.(http.Flusher)
 	for {
 		f, err := stream.Recv()
 		if err != nil {
-			_ = sendErr
 			return false, nil // the response is written; the stream ended
 		}
 		if len(f.Body) > 0 {
@@ -273,6 +342,3 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, opID string)
 		}
 	}
 }
-
-// IsForwarded reports whether r came from another member.
-func IsForwarded(r *http.Request) bool { return strings.TrimSpace(r.Header.Get(ForwardedHeader)) != "" }
