@@ -160,7 +160,7 @@ func apiCommand(name, synopsis, argsUsage string, nargs int, extra func(fs *flag
 		}
 		c, err := f.client()
 		if err != nil {
-			fmt.Fprintf(env.Stderr, "obmesh %s: %v\n", name, err)
+			fmt.Fprintf(env.Stderr, "obmesh %s: %s\n", name, errText(err))
 			return 2
 		}
 		ctx, cancel := context.WithTimeout(ctx, f.timeout)
@@ -181,13 +181,13 @@ func reportError(env Env, output, name string, err error) int {
 		if output == "json" && ae.Receipt != nil {
 			printJSON(env.Stdout, ae.Receipt)
 		}
-		fmt.Fprintf(env.Stderr, "obmesh %s: %s [%s]\n", name, ae.Message, ae.Code)
+		fmt.Fprintf(env.Stderr, "obmesh %s: %s [%s]\n", name, termText(ae.Message), termText(ae.Code))
 		if ae.Code == api.CodeOutcomeUnknown {
 			return 3
 		}
 		return 1
 	}
-	fmt.Fprintf(env.Stderr, "obmesh %s: %v\n", name, err)
+	fmt.Fprintf(env.Stderr, "obmesh %s: %s\n", name, errText(err))
 	return 1
 }
 
@@ -197,11 +197,17 @@ func printJSON(w io.Writer, v any) {
 	enc.Encode(v)
 }
 
+// table prints rows under a tab-separated header. Every cell goes through
+// termText: cells hold server-provided strings.
 func table(w io.Writer, header string, rows [][]string) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, header)
 	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = termText(c)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	tw.Flush()
 }

@@ -47,7 +47,7 @@ func consoleCommand() *Command {
 		_, err = io.Copy(env.Stdout, con)
 		con.Close()
 		if err != nil && !errors.Is(err, io.EOF) {
-			fmt.Fprintf(env.Stderr, "obmesh console: %v\n", err)
+			fmt.Fprintf(env.Stderr, "obmesh console: %s\n", errText(err))
 			return 1
 		}
 		return 0

@@ -94,7 +94,7 @@ func nodeCommand() *Command {
 			if ierr == nil {
 				n.BMC = r.Identity
 			} else if f.output != "json" {
-				defer fmt.Fprintf(env.Stdout, "BMC identity: unavailable (%v)\n", ierr)
+				defer fmt.Fprintf(env.Stdout, "BMC identity: unavailable (%s)\n", errText(ierr))
 			}
 			printNode(env, f.output, n)
 			return nil
@@ -107,7 +107,7 @@ func nodeCommand() *Command {
 			if f.output == "json" {
 				printJSON(env.Stdout, map[string]string{"deleted": args[0]})
 			} else {
-				fmt.Fprintf(env.Stdout, "deleted node %s\n", args[0])
+				fmt.Fprintf(env.Stdout, "deleted node %s\n", termText(args[0]))
 			}
 			return nil
 		})

@@ -47,7 +47,7 @@ func operatorCommand() *Command {
 			if err := c.AddPeer(ctx, args[0], args[1]); err != nil {
 				return err
 			}
-			fmt.Fprintf(env.Stdout, "added %s at %s\n", args[0], args[1])
+			fmt.Fprintf(env.Stdout, "added %s at %s\n", termText(args[0]), termText(args[1]))
 			return nil
 		})
 	remove := apiCommand("remove-peer", "Remove a member (a dead one, or one being retired).", "ID", 1, nil,
@@ -55,7 +55,7 @@ func operatorCommand() *Command {
 			if err := c.RemovePeer(ctx, args[0]); err != nil {
 				return err
 			}
-			fmt.Fprintf(env.Stdout, "removed %s\n", args[0])
+			fmt.Fprintf(env.Stdout, "removed %s\n", termText(args[0]))
 			return nil
 		})
 	return &Command{Name: "operator", Synopsis: "Manage the coordinator group", Subs: []*Command{

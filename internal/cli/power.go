@@ -39,7 +39,7 @@ func powerCommand() *Command {
 				printJSON(env.Stdout, r)
 				return nil
 			}
-			fmt.Fprintf(env.Stdout, "%s: %s\n", r.Node, r.State)
+			fmt.Fprintf(env.Stdout, "%s: %s\n", termText(r.Node), termText(r.State))
 			return nil
 		}))
 	return &Command{Name: "power", Synopsis: "Power nodes on, off, cycle, reset; show power state", Subs: subs}
@@ -73,7 +73,8 @@ func printReceipt(env Env, output string, r api.Receipt) {
 	for _, t := range r.Timings {
 		hops = append(hops, fmt.Sprintf("%s %.1fms", t.Hop, t.DurationMS))
 	}
-	fmt.Fprintf(env.Stdout, "%s %s: %s (agent %s; %s; receipt %s)\n", r.Node, r.Action, r.Outcome, r.Agent, strings.Join(hops, ", "), r.ID)
+	fmt.Fprintf(env.Stdout, "%s %s: %s (agent %s; %s; receipt %s)\n", termText(r.Node), termText(r.Action), termText(r.Outcome),
+		termText(r.Agent), termText(strings.Join(hops, ", ")), termText(r.ID))
 }
 
 func agentListCommand() *Command {

@@ -96,7 +96,7 @@ func subscriptionCommand() *Command {
 				printJSON(env.Stdout, sub)
 				return nil
 			}
-			fmt.Fprintf(env.Stdout, "created subscription %s for node %s (%s)\n", sub.ID, termText(sub.Node), sub.Status.State)
+			fmt.Fprintf(env.Stdout, "created subscription %s for node %s (%s)\n", termText(sub.ID), termText(sub.Node), termText(sub.Status.State))
 			if sub.SigningSecret != "" {
 				fmt.Fprintf(env.Stdout, "signing secret (shown once; verify X-Obmesh-Signature with it): %s\n", sub.SigningSecret)
 			}
@@ -148,7 +148,7 @@ func subscriptionCommand() *Command {
 				printJSON(env.Stdout, s)
 				return nil
 			}
-			fmt.Fprintf(env.Stdout, "deleting subscription %s\n", s.ID)
+			fmt.Fprintf(env.Stdout, "deleting subscription %s\n", termText(s.ID))
 			return nil
 		})
 
@@ -229,7 +229,7 @@ func printSubscription(env Env, f *clientFlags, s api.Subscription) {
 		rows = append(rows, []string{"error", termText(st.ErrorClass + ": " + st.ErrorMessage)})
 	}
 	for _, r := range rows {
-		fmt.Fprintf(env.Stdout, "%-18s %s\n", r[0]+":", r[1])
+		fmt.Fprintf(env.Stdout, "%-18s %s\n", r[0]+":", termText(r[1]))
 	}
 }
 
@@ -286,20 +286,4 @@ func eventsCommand() *Command {
 		return 0
 	}}
 	return &Command{Name: "events", Synopsis: "BMC events: watch", Subs: []*Command{watch}}
-}
-
-// termText makes a server-provided string harmless on a terminal: control
-// characters, bidi controls and zero-width code points are escaped.
-func termText(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		switch {
-		case r < ' ' || r == 0x7f || (r >= 0x80 && r < 0xa0),
-			r >= 0x200b && r <= 0x200f, r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069, r == 0xfeff, r == 0x2060, r == 0x061c:
-			fmt.Fprintf(&b, "\\u%04x", r)
-		default:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
 }
