@@ -54,6 +54,7 @@ bench: ## run the benchmarks (latency through the whole path vs in-process)
 fuzz: ## fuzz the state machine for FUZZTIME (default 30s) per target
 	$(GO) test -run '^$$' -fuzz FuzzApplyDeterminism -fuzztime $${FUZZTIME:-30s} ./coordinator/state
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $${FUZZTIME:-30s} ./coordinator/state
+	$(GO) test -run '^$$' -fuzz '^FuzzRestore$$' -fuzztime $${FUZZTIME:-30s} ./coordinator/state
 
 clean: ## remove build output
 	rm -rf $(BIN)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"runtime/debug"
 	"slices"
 )
 
@@ -181,9 +182,10 @@ type Result struct {
 }
 
 // Apply decodes and applies one log entry at index. A non-nil error is
-// fatal (see ErrUndecodable, ErrUnknownCommand); domain failures are in
-// Result.Err and leave the state unchanged.
-func (s *State) Apply(index uint64, data []byte) (Result, error) {
+// fatal (ErrUndecodable, ErrUnknownCommand, ErrApplyPanic); domain failures,
+// invalid commands included, are in Result.Err and leave the state
+// unchanged (only the applied index advances).
+func (s *State) Apply(index uint64, data []byte) (res Result, fatal error) {
 	c, ignore, err := Decode(data)
 	if err != nil {
 		return Result{}, err
@@ -196,99 +198,115 @@ func (s *State) Apply(index uint64, data []byte) (Result, error) {
 	if ignore {
 		return Result{}, nil
 	}
-	return s.apply(index, c), nil
+	// A panic here is a bug, not a property of the entry (invalid commands
+	// are refused as no-ops). The state may be half changed, so it is fatal:
+	// the replica stops with the panic in its message instead of a trace.
+	defer func() {
+		if p := recover(); p != nil {
+			fatal = fmt.Errorf("%w: applying %s panicked: %v\n%s", ErrApplyPanic, c.commandType(), p, debug.Stack())
+		}
+	}()
+	return s.apply(index, c)
 }
 
-func (s *State) apply(index uint64, c Command) Result {
+// apply applies a decoded command. Every case validates the whole command
+// before it changes anything, so a refused command (Result.Err) is a no-op;
+// the error return is fatal and only for a command this build cannot apply.
+func (s *State) apply(index uint64, c Command) (Result, error) {
 	if r, ok := s.applyEvent(index, c); ok {
-		return r
+		return r, nil
 	}
+	return s.applyCore(index, c)
+}
+
+func (s *State) applyCore(index uint64, c Command) (res Result, fatal error) {
 	switch c := c.(type) {
 	case RegisterNode:
 		n := c.Node
-		if !ValidNodeName(n.Name) || !ValidName(n.Site) || n.Driver == "" {
-			return Result{Err: fmt.Errorf("%w: node needs a valid name, site and driver", ErrInvalid)}
+		if err := ValidateNode(n); err != nil {
+			return Result{Err: err}, nil
+		}
+		if n.Token != nil {
+			// Tokens are issued by SetNodeToken only.
+			return Result{Err: fmt.Errorf("%w: a registration carries no token", ErrInvalid)}, nil
 		}
 		if _, ok := s.nodes[n.Name]; ok {
-			return Result{Err: fmt.Errorf("node %q: %w", n.Name, ErrExists)}
+			return Result{Err: fmt.Errorf("node %q: %w", n.Name, ErrExists)}, nil
 		}
 		n.CreateIndex, n.ModifyIndex, n.CreatedUnixNano = index, index, c.StampUnixNano
 		n.Options = normalizeOptions(n.Options)
+		n.Credential = cloneSealed(n.Credential)
 		s.ensureSite(index, n.Site)
 		s.nodes[n.Name] = &n
 		out := cloneNode(&n)
-		return Result{Node: &out}
+		return Result{Node: &out}, nil
 	case SetNodeToken:
 		n, ok := s.nodes[c.Name]
 		if !ok {
-			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}
+			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}, nil
 		}
-		if len(c.Salt) == 0 || len(c.Hash) == 0 {
-			return Result{Err: fmt.Errorf("%w: token needs a salt and a hash", ErrInvalid)}
+		if len(c.Salt) == 0 || len(c.Hash) == 0 || len(c.Salt) > maxTokenFieldBytes || len(c.Hash) > maxTokenFieldBytes {
+			return Result{Err: fmt.Errorf("%w: token needs a salt and a hash of 1-%d bytes", ErrInvalid, maxTokenFieldBytes)}, nil
 		}
 		n.Token = &TokenHash{Salt: slices.Clone(c.Salt), Hash: slices.Clone(c.Hash), Index: index}
 		n.ModifyIndex = index
-		return Result{}
+		return Result{}, nil
 	case ClearNodeToken:
 		n, ok := s.nodes[c.Name]
 		if !ok {
-			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}
+			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}, nil
 		}
 		if n.Token != nil {
 			n.Token = nil
 			n.ModifyIndex = index
 		}
-		return Result{}
+		return Result{}, nil
 	case RecordOperation:
-		if c.ID == "" || len(c.Receipt) == 0 {
-			return Result{Err: fmt.Errorf("%w: an audit record needs an id and a receipt", ErrInvalid)}
+		if err := validateAudit(c.ID, c.Receipt); err != nil {
+			return Result{Err: err}, nil
 		}
-		s.recordAudit(c.ID, c.Receipt)
-		return Result{}
+		s.recordAudit(c.ID, slices.Clone(c.Receipt))
+		return Result{}, nil
 	case PutMember:
-		if c.Member.ID == "" {
-			return Result{Err: fmt.Errorf("%w: member without id", ErrInvalid)}
+		if err := ValidateMember(c.Member); err != nil {
+			return Result{Err: err}, nil
 		}
 		m := c.Member
 		s.members[m.ID] = &m
-		return Result{}
+		return Result{}, nil
 	case DeleteMember:
 		delete(s.members, c.ID)
-		return Result{}
+		return Result{}, nil
 	case RestoreState:
+		// Validated as a whole before anything changes: a refused restore
+		// is a no-op on every replica.
 		ns, err := decodeSnapshot(bytes.NewReader(c.Snapshot))
 		if err != nil {
-			return Result{Err: fmt.Errorf("%w: %v", ErrInvalid, err)}
+			return Result{Err: fmt.Errorf("restore refused, nothing changed: %w", err)}, nil
 		}
 		s.nodes, s.sites, s.agents = ns.nodes, ns.sites, ns.agents
 		s.ev = ns.ev
-		return Result{}
+		return Result{}, nil
 	case DeleteNode:
 		if _, ok := s.nodes[c.Name]; !ok {
-			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}
+			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}, nil
 		}
 		delete(s.nodes, c.Name)
 		s.cascadeNodeDelete(c.Name, 0)
-		return Result{}
+		return Result{}, nil
 	case PutSite:
-		if !ValidName(c.Name) {
-			return Result{Err: fmt.Errorf("%w: site name %q", ErrInvalid, c.Name)}
+		if err := ValidateSite(Site{Name: c.Name}); err != nil {
+			return Result{Err: err}, nil
 		}
 		s.ensureSite(index, c.Name)
-		return Result{}
+		return Result{}, nil
 	case RegisterAgent:
 		a := c.Agent
-		if !ValidName(a.ID) {
-			return Result{Err: fmt.Errorf("%w: agent id %q", ErrInvalid, a.ID)}
+		if err := ValidateAgent(a); err != nil {
+			return Result{Err: err}, nil
 		}
-		for _, site := range a.Sites {
-			if !ValidName(site) {
-				return Result{Err: fmt.Errorf("%w: site name %q", ErrInvalid, site)}
-			}
-		}
-		a.Sites = slices.Clone(a.Sites)
-		slices.Sort(a.Sites)
-		a.Sites = slices.Compact(a.Sites)
+		a.Sites = normalizeSites(a.Sites)
+		a.Drivers = slices.Clone(a.Drivers)
 		for _, site := range a.Sites {
 			s.ensureSite(index, site)
 		}
@@ -302,22 +320,30 @@ func (s *State) apply(index uint64, c Command) Result {
 			a.Connects = 1
 		}
 		s.agents[a.ID] = &a
-		return Result{}
+		return Result{}, nil
 	case DeleteAgent:
 		if _, ok := s.agents[c.ID]; !ok {
-			return Result{Err: fmt.Errorf("agent %q: %w", c.ID, ErrNotFound)}
+			return Result{Err: fmt.Errorf("agent %q: %w", c.ID, ErrNotFound)}, nil
 		}
 		delete(s.agents, c.ID)
-		return Result{}
+		return Result{}, nil
 	}
-	// Decode only returns known types.
-	panic(fmt.Sprintf("state: apply: unhandled command %T", c))
+	// Decode returns only types handled above; a type it knows and apply
+	// does not is a bug of this build, and fatal like an unknown command.
+	return Result{}, fmt.Errorf("%w: %T has no apply case in this build", ErrUnknownCommand, c)
 }
 
 func (s *State) ensureSite(index uint64, name string) {
 	if _, ok := s.sites[name]; !ok {
 		s.sites[name] = &Site{Name: name, CreateIndex: index}
 	}
+}
+
+// normalizeSites returns a sorted copy of sites without duplicates.
+func normalizeSites(sites []string) []string {
+	out := slices.Clone(sites)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // normalizeOptions makes an empty map nil, so snapshots do not depend on

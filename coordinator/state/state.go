@@ -7,20 +7,24 @@
 // Log entries and snapshots are JSON inside a versioned envelope. An entry a
 // replica cannot decode, or a command type it does not know and that is not
 // marked ignorable, is an error the Raft adapter must treat as fatal rather
-// than let replicas diverge.
+// than let replicas diverge. Every entry that decodes but is semantically
+// invalid (a null or duplicate record in a restore, a name with control,
+// bidi or zero-width characters, a missing driver, an oversize value, ...)
+// is refused the same way on every replica: a no-op with an error in
+// Result.Err, never a panic. The validation functions (ValidateNode,
+// CheckSnapshot, ...) are exported so the APIs refuse the same input with a
+// 400 before it is proposed.
 package state
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
-	"unicode"
-	"unicode/utf8"
 )
 
 // Version is the envelope version this code writes and reads.
@@ -33,11 +37,16 @@ var (
 	ErrInvalid  = errors.New("invalid command")
 )
 
-// ErrUndecodable and ErrUnknownCommand are fatal: the entry cannot be applied
-// and skipping it would let replicas diverge.
+// ErrUndecodable, ErrUnknownCommand and ErrApplyPanic are fatal: the entry
+// cannot be applied and skipping it would let replicas diverge. They are the
+// only errors Apply returns; every semantically invalid command is instead a
+// no-op with ErrInvalid (or ErrNotFound, ErrExists) in Result.Err.
 var (
 	ErrUndecodable    = errors.New("state: undecodable log entry")
 	ErrUnknownCommand = errors.New("state: unknown command type")
+	// ErrApplyPanic is a bug of this build: applying a decoded command
+	// panicked, and the state may be half changed.
+	ErrApplyPanic = errors.New("state: apply failed")
 )
 
 // Sealed is an encrypted secret: AES-256-GCM under the keyring key KeyID.
@@ -262,37 +271,6 @@ func (s *State) recordAudit(id string, r json.RawMessage) {
 	}
 }
 
-// ValidName reports whether s is acceptable as a node, site or agent name:
-// 1 to 128 characters from [A-Za-z0-9._:-], not starting with a dot.
-func ValidName(s string) bool {
-	if s == "" || len(s) > 128 || s[0] == '.' {
-		return false
-	}
-	for _, r := range s {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', strings.ContainsRune("._:-", r):
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-// ValidNodeName reports whether s is acceptable as a node name. Node names
-// are obmd labels, which may hold any printable character but '/': 1 to 128
-// bytes of valid UTF-8, no control characters, not "." or "..".
-func ValidNodeName(s string) bool {
-	if s == "" || len(s) > 128 || s == "." || s == ".." || !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if r == '/' || unicode.IsControl(r) {
-			return false
-		}
-	}
-	return true
-}
-
 // snapshot is the snapshot document.
 type snapshot struct {
 	Version int          `json:"v"`
@@ -343,7 +321,8 @@ func (s *State) Snapshot(w io.Writer) error {
 	return err
 }
 
-// Restore replaces the state with a snapshot written by Snapshot.
+// Restore replaces the state with a snapshot written by Snapshot. A
+// snapshot that fails CheckSnapshot is refused and the state is unchanged.
 func (s *State) Restore(r io.Reader) error {
 	ns, err := decodeSnapshot(r)
 	if err != nil {
@@ -357,36 +336,113 @@ func (s *State) Restore(r io.Reader) error {
 	return nil
 }
 
-// decodeSnapshot reads a snapshot document into a fresh state.
+// CheckSnapshot validates a snapshot document (a restore payload) exactly
+// as the state machine does when it applies a RestoreState: the APIs call it
+// before proposing one, so a refused restore never reaches the log. The
+// error wraps ErrInvalid and names the first bad record.
+func CheckSnapshot(data []byte) error {
+	_, err := decodeSnapshot(bytes.NewReader(data))
+	return err
+}
+
+// decodeSnapshot reads a snapshot document into a fresh state. Every record
+// must pass the same validation as API input (ValidateNode, ValidateSite,
+// ValidateAgent, ValidateMember), be non-null and have a unique name; the
+// first failure is returned, naming the record, and nothing is built.
+// Sites that nodes or agents name but the document does not list are
+// created, as RegisterNode and RegisterAgent do.
 func decodeSnapshot(r io.Reader) (*State, error) {
 	var snap snapshot
 	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&snap); err != nil {
-		return nil, fmt.Errorf("state: decode snapshot: %w", err)
+		return nil, fmt.Errorf("%w: decode snapshot: %v", ErrInvalid, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("%w: decode snapshot: data after the document", ErrInvalid)
 	}
 	if snap.Version != Version {
-		return nil, fmt.Errorf("state: snapshot version %d, this build reads %d", snap.Version, Version)
+		return nil, fmt.Errorf("%w: snapshot version %d, this build reads %d", ErrInvalid, snap.Version, Version)
 	}
+	bad := func(kind string, i int, key string, err error) error {
+		if key == "" {
+			return fmt.Errorf("%s[%d]: %w", kind, i, err)
+		}
+		return fmt.Errorf("%s[%d] (%s): %w", kind, i, q(key), err)
+	}
+	null := fmt.Errorf("%w: null record", ErrInvalid)
+	dup := func(what, key string) error { return fmt.Errorf("%w: %s %s appears twice", ErrInvalid, what, q(key)) }
 	ns := New()
 	ns.index = snap.Index
-	for _, n := range snap.Nodes {
+	for i, n := range snap.Nodes {
+		if n == nil {
+			return nil, bad("nodes", i, "", null)
+		}
+		if err := ValidateNode(*n); err != nil {
+			return nil, bad("nodes", i, n.Name, err)
+		}
+		if _, ok := ns.nodes[n.Name]; ok {
+			return nil, bad("nodes", i, n.Name, dup("node", n.Name))
+		}
+		n.Options = normalizeOptions(n.Options)
 		ns.nodes[n.Name] = n
 	}
-	for _, x := range snap.Sites {
+	for i, x := range snap.Sites {
+		if x == nil {
+			return nil, bad("sites", i, "", null)
+		}
+		if err := ValidateSite(*x); err != nil {
+			return nil, bad("sites", i, x.Name, err)
+		}
+		if _, ok := ns.sites[x.Name]; ok {
+			return nil, bad("sites", i, x.Name, dup("site", x.Name))
+		}
 		ns.sites[x.Name] = x
 	}
-	for _, a := range snap.Agents {
+	for i, a := range snap.Agents {
+		if a == nil {
+			return nil, bad("agents", i, "", null)
+		}
+		if err := ValidateAgent(*a); err != nil {
+			return nil, bad("agents", i, a.ID, err)
+		}
+		if _, ok := ns.agents[a.ID]; ok {
+			return nil, bad("agents", i, a.ID, dup("agent", a.ID))
+		}
+		a.Sites = normalizeSites(a.Sites)
 		ns.agents[a.ID] = a
 	}
-	for _, m := range snap.Members {
+	for i, m := range snap.Members {
+		if m == nil {
+			return nil, bad("members", i, "", null)
+		}
+		if err := ValidateMember(*m); err != nil {
+			return nil, bad("members", i, m.ID, err)
+		}
+		if _, ok := ns.members[m.ID]; ok {
+			return nil, bad("members", i, m.ID, dup("member", m.ID))
+		}
 		ns.members[m.ID] = m
 	}
-	for _, e := range snap.Audit {
+	for i, e := range snap.Audit {
+		if err := validateAudit(e.ID, e.Receipt); err != nil {
+			return nil, bad("audit", i, e.ID, err)
+		}
+		if _, ok := ns.audit[e.ID]; ok {
+			return nil, bad("audit", i, e.ID, dup("operation", e.ID))
+		}
 		ns.recordAudit(e.ID, e.Receipt)
 	}
+	for _, n := range ns.nodes {
+		ns.ensureSite(0, n.Site)
+	}
+	for _, a := range ns.agents {
+		for _, site := range a.Sites {
+			ns.ensureSite(0, site)
+		}
+	}
 	if err := ns.restoreEvents(snap.eventSnapshot); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	return ns, nil
 }

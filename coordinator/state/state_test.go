@@ -12,12 +12,25 @@ import (
 // registers, duplicate registers, deletes of missing nodes and agent
 // reconnects all happen.
 func randomLog(r *rand.Rand, n int) [][]byte {
-	names := []string{"n1", "n2", "n3", "a b", "bad/name", ""}
-	sites := []string{"default", "siteA", "siteB", ""}
+	names := []string{"n1", "n2", "n3", "a b", "bad/name", "", "n\u202e4", "n\u200b5", "n\x1b6"}
+	sites := []string{"default", "siteA", "siteB", "", "bad site!"}
 	var log [][]byte
 	for i := range n {
 		var c Command
-		switch r.IntN(11) {
+		switch r.IntN(15) {
+		case 11:
+			// Poisoned restores: the review's probes.
+			c = RestoreState{Snapshot: []byte(poisonedRestores[r.IntN(len(poisonedRestores))])}
+		case 12:
+			// A registration that smuggles a token or a malformed secret.
+			c = RegisterNode{Node: Node{Name: names[r.IntN(len(names))], Driver: "mock", Site: "default",
+				Token:      &TokenHash{Salt: []byte{1}, Hash: []byte{byte(i)}},
+				Credential: Sealed{Ciphertext: []byte{byte(i)}}}}
+		case 13:
+			c = RegisterAgent{Agent: Agent{ID: fmt.Sprintf("agent-%d", r.IntN(3)), Sites: []string{sites[r.IntN(len(sites))]},
+				Drivers: []DriverInfo{{Name: "mock\n", Version: "1\u2066"}}}, StampUnixNano: int64(i)}
+		case 14:
+			c = PutMember{Member: Member{ID: []string{"c1", "", "c\u202e9"}[r.IntN(3)], RaftAddr: "127.0.0.1:1\x00"}}
 		case 10:
 			c = RecordOperation{ID: fmt.Sprintf("op-%d", r.IntN(50)), Receipt: []byte(fmt.Sprintf(`{"n":%d}`, i))}
 		case 8:
@@ -54,6 +67,16 @@ func randomLog(r *rand.Rand, n int) [][]byte {
 	return log
 }
 
+// poisonedRestores are restore payloads that crashed or corrupted
+// coordinators before they were validated.
+var poisonedRestores = []string{
+	`{"v":1,"nodes":[null]}`,
+	`{"v":1,"nodes":[{"name":"../../etc","driver":"","site":"bad site!"}]}`,
+	`{"v":1,"nodes":[{"name":"x","driver":"mock","site":"s"},{"name":"x","driver":"ipmi","site":"s"}]}`,
+	`{"v":1,"sites":[null],"agents":[null]}`,
+	`{"v":1,"nodes":[{"name":"a\u202eb","driver":"mock","site":"s"}]}`,
+}
+
 func applyAll(t testing.TB, s *State, log [][]byte) {
 	t.Helper()
 	for i, e := range log {
@@ -78,6 +101,7 @@ func checkDeterminism(t testing.TB, log [][]byte) {
 	a, b := New(), New()
 	applyAll(t, a, log)
 	applyAll(t, b, log)
+	checkInvariants(t, a)
 	sa, sb := snap(t, a), snap(t, b)
 	if !bytes.Equal(sa, sb) {
 		t.Fatalf("same log, different snapshots:\n%s\n%s", sa, sb)
@@ -115,6 +139,9 @@ func FuzzApplyDeterminism(f *testing.F) {
 	for seed := range uint64(8) {
 		f.Add(seed, uint8(20+seed*10))
 	}
+	// Long logs, so the poisoned commands of randomLog land among valid ones.
+	f.Add(uint64(99), uint8(200))
+	f.Add(uint64(100), uint8(255))
 	f.Fuzz(func(t *testing.T, seed uint64, n uint8) {
 		checkDeterminism(t, randomLog(rand.New(rand.NewPCG(seed, 2)), int(n)))
 	})
@@ -126,6 +153,29 @@ func FuzzDecode(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte(`{"v":1,"type":"future.thing","ignore_if_unknown":true,"payload":{}}`))
+	// Poisoned entries: restores that crashed members, registrations that
+	// smuggle tokens or hide characters, entries that cannot be decoded.
+	for _, p := range poisonedRestores {
+		b, _ := Encode(RestoreState{Snapshot: []byte(p)})
+		f.Add(b)
+	}
+	for _, c := range []Command{
+		RegisterNode{Node: Node{Name: "a\u202eb", Driver: "mock", Site: "s"}},
+		RegisterNode{Node: Node{Name: "a", Driver: "mock", Site: "s", Token: &TokenHash{Salt: []byte{1}, Hash: []byte{2}}}},
+		RegisterNode{Node: Node{Name: "a", Driver: "", Site: "bad site!", Address: "\x1b[2J"}},
+		RecordOperation{ID: "x", Receipt: []byte(`[]`)},
+		PutMember{Member: Member{ID: "\u2066"}},
+	} {
+		b, _ := Encode(c)
+		f.Add(b)
+	}
+	f.Add([]byte(`{"v":1,"type":"state.restore","payload":{"snapshot":null}}`))
+	f.Add([]byte(`{"v":1,"type":"state.restore","payload":null}`))
+	f.Add([]byte(`{"v":1,"type":"node.register","payload":{"node":null}}`))
+	f.Add([]byte(`{"v":1,"type":"agent.register","payload":{"agent":{"id":"a","sites":null,"drivers":[null]}}}`))
+	f.Add([]byte(`{"v":1,"type":"node.register","payload":{"node":{"name":"a"},"bogus":1}}`))
+	f.Add([]byte(`{"v":1,"type":"node.teleport","payload":{}}`))
+	f.Add([]byte(`{"v":1,"type":"node.register"`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s := New()
 		res, err := s.Apply(1, data)
@@ -142,7 +192,7 @@ func FuzzDecode(f *testing.F) {
 func TestState_RegisterDelete(t *testing.T) {
 	s := New()
 	enc := func(c Command) []byte { b, _ := Encode(c); return b }
-	n := Node{Name: "n1", Driver: "mock", Site: "siteA", Credential: Sealed{KeyID: "k", Ciphertext: []byte("x")}}
+	n := Node{Name: "n1", Driver: "mock", Site: "siteA", Credential: Sealed{KeyID: "k", Nonce: []byte("n"), Ciphertext: []byte("x")}}
 	res, err := s.Apply(5, enc(RegisterNode{Node: n, StampUnixNano: 42}))
 	if err != nil || res.Err != nil {
 		t.Fatalf("register = %v, %v", err, res.Err)
