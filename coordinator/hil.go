@@ -38,6 +38,9 @@ func notFound(err error) error {
 
 func (b *hilBackend) RegisterNode(ctx context.Context, spec api.NodeSpec) error {
 	_, err := b.nodes.Register(ctx, spec)
+	if errors.Is(err, state.ErrInvalid) {
+		return fmt.Errorf("%w: %v", hilproxy.ErrInvalidNode, err)
+	}
 	return err
 }
 

@@ -36,6 +36,10 @@ var (
 	ErrNoSuchNode = errors.New("no such node")
 	// ErrInvalidBootdev: 400.
 	ErrInvalidBootdev = errors.New("invalid boot device")
+	// ErrInvalidNode: 400. RegisterNode returns it for a node obmesh
+	// refuses (a label, address, user name or site with control, bidi or
+	// zero-width characters, or past a size limit).
+	ErrInvalidNode = errors.New("invalid node")
 )
 
 // Backend is what the handler needs from obmesh. Every method is bounded by
@@ -201,7 +205,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status = http.StatusNotFound
 	case errors.Is(err, ErrInvalidToken):
 		status = http.StatusUnauthorized
-	case errors.Is(err, ErrInvalidBootdev):
+	case errors.Is(err, ErrInvalidBootdev), errors.Is(err, ErrInvalidNode):
 		status = http.StatusBadRequest
 	}
 	if status == http.StatusInternalServerError {

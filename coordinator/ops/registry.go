@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/obmesh/obmesh/coordinator/api"
@@ -12,15 +11,9 @@ import (
 	"github.com/obmesh/obmesh/coordinator/state"
 )
 
-// Limits on node fields.
-const (
-	maxAddress   = 2048
-	maxUsername  = 256
-	maxPassword  = 1024
-	maxOptions   = 64
-	maxOptionKey = 64
-	maxOptionVal = 16 << 10
-)
+// maxPassword bounds a BMC password (the other limits on node fields are
+// the state package's).
+const maxPassword = 1024
 
 // Applier proposes commands to the replicated state.
 type Applier interface {
@@ -44,34 +37,24 @@ func NewRegistry(store Applier, keys *seal.Keyring, defaultSite string) *Registr
 	return &Registry{store: store, keys: keys, defaultSite: defaultSite}
 }
 
-// Validate checks a spec (after the default site is applied). Errors wrap
-// state.ErrInvalid and say what is wrong.
+// Validate checks a spec (after the default site is applied) with the
+// state machine's own node validation (state.ValidateNode), so the API
+// refuses exactly what the replicated state would: names, addresses and user
+// names with control, bidi or zero-width characters, oversize fields, bad
+// options. Errors wrap state.ErrInvalid and say what is wrong.
 func Validate(s api.NodeSpec) error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", state.ErrInvalid, fmt.Sprintf(format, args...))
+	if err := state.ValidateNode(specNode(s)); err != nil {
+		return err
 	}
-	switch {
-	case !state.ValidNodeName(s.Name):
-		return bad("node name %q is invalid: use 1-128 printable characters, no '/'", s.Name)
-	case !state.ValidName(s.Driver):
-		return bad("driver %q is invalid: name a driver such as ipmi, redfish or mock", s.Driver)
-	case !state.ValidName(s.Site):
-		return bad("site %q is invalid: use 1-128 characters from A-Z a-z 0-9 . _ : -", s.Site)
-	case len(s.Address) > maxAddress || len(s.Username) > maxUsername:
-		return bad("address or username too long")
-	case len(s.Password) > maxPassword:
-		return bad("password longer than %d bytes", maxPassword)
-	case strings.ContainsAny(s.Address+s.Username, "\x00\r\n"):
-		return bad("address and username must not contain control characters")
-	case len(s.Options) > maxOptions:
-		return bad("more than %d options", maxOptions)
-	}
-	for k, v := range s.Options {
-		if k == "" || len(k) > maxOptionKey || len(v) > maxOptionVal || strings.ContainsAny(k, " \x00\r\n=") {
-			return bad("option %q is invalid (keys: 1-%d characters without spaces or '='; values up to %d bytes)", k, maxOptionKey, maxOptionVal)
-		}
+	if len(s.Password) > maxPassword {
+		return fmt.Errorf("%w: password longer than %d bytes", state.ErrInvalid, maxPassword)
 	}
 	return nil
+}
+
+// specNode is the node a spec describes, without its credential.
+func specNode(s api.NodeSpec) state.Node {
+	return state.Node{Name: s.Name, Driver: s.Driver, Site: s.Site, Address: s.Address, Username: s.Username, Options: s.Options}
 }
 
 // Register validates, seals and stores a node.
@@ -82,7 +65,7 @@ func (r *Registry) Register(ctx context.Context, spec api.NodeSpec) (state.Node,
 	if err := Validate(spec); err != nil {
 		return state.Node{}, err
 	}
-	n := state.Node{Name: spec.Name, Driver: spec.Driver, Site: spec.Site, Address: spec.Address, Username: spec.Username, Options: spec.Options}
+	n := specNode(spec)
 	if spec.Password != "" {
 		n.Credential = r.keys.Seal([]byte(spec.Password), spec.Name)
 	}
