@@ -318,10 +318,15 @@ func TestGroup_OperatorCommands(t *testing.T) {
 		if err != nil || strings.Contains(out, `"id": "`+f.Name+`"`) {
 			t.Fatalf("list-peers after removing %s: %v\n%s", f.Name, err, out)
 		}
-		if out, err := cli(leader, "operator", "raft", "add-peer", f.Name, f.RaftAddr); err != nil {
-			t.Fatalf("add-peer: %v %s", err, out)
+		// add-peer reaches the candidate first: a dead one is refused.
+		if out, err := cli(leader, "operator", "raft", "add-peer", f.Name, f.RaftAddr); err == nil {
+			t.Fatalf("add-peer of a member that is down succeeded: %s", out)
 		}
 		g.StartMember(f)
+		WaitFor(t, 30*time.Second, f.Name+" to accept add-peer", func() bool {
+			_, err := cli(leader, "operator", "raft", "add-peer", f.Name, f.RaftAddr)
+			return err == nil
+		})
 		ok := waitUntil(30*time.Second, func() bool {
 			ps, err := g.Client(leader).Peers(ctx)
 			if err != nil || len(ps) != 3 {
