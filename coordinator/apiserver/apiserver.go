@@ -638,6 +638,11 @@ func (s *Server) snapshotRestore(w http.ResponseWriter, r *http.Request) error {
 	if !json.Valid(body) {
 		return badRequest("the snapshot is not JSON")
 	}
+	// The state machine would refuse an invalid restore as a no-op; refusing
+	// it here, with the same validation, keeps it out of the log.
+	if err := state.CheckSnapshot(body); err != nil {
+		return badRequest("snapshot refused, nothing was restored: %v", err)
+	}
 	if _, err := s.store.Apply(r.Context(), state.RestoreState{Snapshot: body}); err != nil {
 		return err
 	}
