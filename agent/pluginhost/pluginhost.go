@@ -4,6 +4,15 @@
 // open and reused, and calls on one BMC are serialized. A plugin that dies
 // is restarted; the call in flight gets a classified error (sdk.ErrPlugin)
 // and the next one succeeds.
+//
+// Unreachable BMCs fail fast: when a call ends with sdk.ClassUnreachable (or
+// sdk.ClassTimeout that is not the caller cancelling), the BMC is held for
+// Config.UnreachableHold. Calls queued behind that call, and new ones, fail
+// at once during the hold with the same class and a message saying when the
+// BMC was last found unreachable, instead of each waiting its full timeout.
+// The first call after the hold is the probe: if it gets any answer from
+// the BMC the hold is lifted, if not a new hold starts. Other BMCs are not
+// affected, and a node whose BMC settings change starts afresh.
 package pluginhost
 
 import (
@@ -41,6 +50,9 @@ type Config struct {
 	IdleClose time.Duration
 	// StartTimeout bounds a plugin's handshake; zero means 10s.
 	StartTimeout time.Duration
+	// UnreachableHold is how long calls to a BMC fail fast after a call
+	// found it unreachable; zero means 5s.
+	UnreachableHold time.Duration
 }
 
 // Discover adds obmesh-plugin-* executables in dir to cmds (a built-in of
@@ -94,6 +106,9 @@ func New(cfg Config, logger *slog.Logger) *Host {
 	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 10 * time.Second
+	}
+	if cfg.UnreachableHold == 0 {
+		cfg.UnreachableHold = 5 * time.Second
 	}
 	h := &Host{cfg: cfg, logger: logger.With("component", "pluginhost"), plugins: map[string]*plugin{}}
 	for name, mk := range cfg.Commands {
@@ -203,6 +218,49 @@ type bmcEntry struct {
 	gen      int           // plugin generation bmc was opened in
 	fp       string        // fingerprint of the node spec bmc was opened with
 	lastUsed time.Time     // guarded by plugin.mu
+
+	// The hold after an unreachable result, guarded by sem.
+	downErr error     // the call's error; nil when not held
+	downAt  time.Time // when that call ended
+	downFP  string    // the node spec it was for
+}
+
+// held returns the fail-fast error for a call while e is held, nil when the
+// call may go to the BMC. Callers hold e.sem.
+func (e *bmcEntry) held(name, fp string, hold time.Duration, now time.Time) error {
+	if e.downErr == nil || e.downFP != fp {
+		return nil
+	}
+	ago := now.Sub(e.downAt)
+	if ago >= hold {
+		return nil // this call is the probe
+	}
+	c := sdk.ClassOf(e.downErr)
+	what := "unreachable"
+	if c == sdk.ClassTimeout {
+		what = "not answering in time"
+	}
+	return sdk.Errorf(c, "node %s: the BMC was %s %d ms ago (%s); failing fast for %v, until a call gets an answer",
+		name, what, ago.Milliseconds(), e.downErr.Error(), (hold - ago).Round(time.Millisecond))
+}
+
+// note records how a call that reached the driver ended: an unreachable
+// BMC starts (or renews) the hold; an answer from the BMC lifts it. Callers
+// hold e.sem.
+func (e *bmcEntry) note(ctx context.Context, fp string, err error, now time.Time) {
+	switch sdk.ClassOf(err) {
+	case sdk.ClassUnreachable:
+	case sdk.ClassTimeout:
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return // the caller gave up; says nothing about the BMC
+		}
+	case sdk.ClassPlugin, sdk.ClassInvalid, sdk.ClassInternal:
+		return // no answer from the BMC either way
+	default:
+		e.downErr = nil // success, or an answer from the BMC (auth, busy, unsupported...)
+		return
+	}
+	e.downErr, e.downAt, e.downFP = err, now, fp
 }
 
 // ensure starts the process if it is not running. Callers must not hold mu.
@@ -321,6 +379,9 @@ func (p *plugin) do(ctx context.Context, n sdk.Node, fn func(context.Context, sd
 	defer func() { <-e.sem }()
 
 	fp := fingerprint(n)
+	if err := e.held(n.Name, fp, p.host.cfg.UnreachableHold, time.Now()); err != nil {
+		return err
+	}
 	if e.bmc != nil && (e.gen != gen || e.fp != fp) {
 		if e.gen == gen {
 			e.bmc.Close()
@@ -330,11 +391,13 @@ func (p *plugin) do(ctx context.Context, n sdk.Node, fn func(context.Context, sd
 	if e.bmc == nil {
 		b, err := proc.Driver.Open(ctx, n)
 		if err != nil {
+			e.note(ctx, fp, err, time.Now())
 			return p.explain(proc, err)
 		}
 		e.bmc, e.gen, e.fp = b, gen, fp
 	}
 	err := fn(ctx, e.bmc)
+	e.note(ctx, fp, err, time.Now())
 	if errors.Is(err, sdk.ErrPlugin) {
 		// The session is unusable whatever happened to the process.
 		e.bmc = nil

@@ -18,6 +18,10 @@ import (
 // lockout) with the same wrong password.
 const authBackoff = 3 * time.Second
 
+// deadlineMargin is the most kept back from a command's deadline when
+// fitting packet timeouts into it (a tenth of the time left, at most this).
+const deadlineMargin = 250 * time.Millisecond
+
 // conn is one BMC's command session, shared by every open node that uses
 // the same endpoint, user and privilege. It serializes commands (at most one
 // in flight per BMC), keeps the gap between commands, keeps the session
@@ -119,16 +123,25 @@ func (c *conn) do(ctx context.Context, what string, fn func(context.Context, *cl
 	c.drop()
 	cli, err = c.connect(ctx)
 	if err != nil {
-		return err
+		return keepUnreachable(cerr, err)
 	}
 	if err := fn(ctx, cli); err != nil {
-		cerr := classify(ctx, what, err)
-		if errors.Is(cerr, sdk.ErrUnreachable) {
+		rerr := classify(ctx, what, err)
+		if errors.Is(rerr, sdk.ErrUnreachable) {
 			c.drop()
 		}
-		return cerr
+		return keepUnreachable(cerr, rerr)
 	}
 	return nil
+}
+
+// keepUnreachable returns the retry's error, except that a BMC that did not
+// answer the first try and whose retry ran out of time stays unreachable.
+func keepUnreachable(first, retry error) error {
+	if errors.Is(first, sdk.ErrUnreachable) && errors.Is(retry, sdk.ErrTimeout) {
+		return sdk.Errorf(sdk.ClassUnreachable, "%s (a new session was tried and ran out of time: %s)", first.Error(), retry.Error())
+	}
+	return retry
 }
 
 // drop forgets the session (closing it best-effort, briefly). Callers hold
@@ -152,7 +165,12 @@ func (c *conn) newClient(ctx context.Context, suite types.CipherSuiteID) (*clien
 	}
 	timeout := c.t.timeout
 	if dl, ok := ctx.Deadline(); ok {
-		if rem := time.Until(dl); rem < timeout*time.Duration(c.t.retries+1) {
+		// The retries end a little before the deadline, so an unanswered
+		// BMC is reported as such (unreachable) rather than racing the
+		// caller's deadline (timeout).
+		rem := time.Until(dl)
+		rem -= min(rem/10, deadlineMargin)
+		if rem < timeout*time.Duration(c.t.retries+1) {
 			timeout = max(rem/time.Duration(c.t.retries+1), 10*time.Millisecond)
 		}
 	}

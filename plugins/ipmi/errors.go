@@ -48,6 +48,10 @@ func classify(ctx context.Context, what string, err error) error {
 			return wrap(sdk.ErrInvalid)
 		}
 		return wrap(sdk.ErrProtocol)
+	case neverAnswered(msg):
+		// Silence, not a bad answer: checked before the deadline, which a
+		// blackholed BMC's retries run up against.
+		return wrap(sdk.ErrUnreachable)
 	case errors.Is(err, context.DeadlineExceeded), ctx.Err() != nil:
 		return wrap(sdk.ErrTimeout)
 	case strings.Contains(msg, "connection refused"), strings.Contains(msg, "i/o timeout"),
@@ -67,4 +71,23 @@ func suiteUnsupported(err error) bool {
 	return !errors.Is(err, client.ErrRAKPAuthentication) && !strings.Contains(msg, "RAKP authentication failed") &&
 		(strings.Contains(msg, "Open Session failed") || strings.Contains(msg, "RMCP+ status 0x11") ||
 			strings.Contains(msg, "invalid authentication algorithm") || strings.Contains(msg, "unpacked data is too short"))
+}
+
+// neverAnswered reports whether a go-ipmi error says the BMC sent nothing
+// back: every retry of a request went unanswered, or the very first request
+// of a session (Get Channel Authentication Capabilities) was still waiting
+// when the deadline passed. A BMC that is off the network, blackholed or
+// not listening on UDP 623 looks like this.
+func neverAnswered(msg string) bool {
+	switch {
+	case strings.Contains(msg, "no datagram matched"),
+		strings.Contains(msg, "no matching IPMI response"),
+		strings.Contains(msg, "no UDP datagram matched"),
+		strings.Contains(msg, "UDP read timed out waiting for BMC response"):
+		return true
+	case strings.Contains(msg, "Get Channel Authentication Capabilities failed") &&
+		strings.Contains(msg, "deadline exceeded while exchanging with BMC"):
+		return true
+	}
+	return false
 }
