@@ -59,6 +59,10 @@ type Target struct {
 	// Timeout bounds each call and each wait for a settled power state;
 	// zero means 30s.
 	Timeout time.Duration
+	// EventDestination, if set, is a URL the BMC accepts as a subscription
+	// destination (nothing needs to listen there): the suite then checks
+	// the event subscription contract on drivers that offer events.
+	EventDestination string
 }
 
 func (tg Target) timeout() time.Duration {
@@ -82,6 +86,7 @@ func Run(t *testing.T, d sdk.Driver, tg Target) {
 	t.Run("console", s.console)
 	t.Run("parallel-sessions", s.parallel)
 	t.Run("bad-credentials", s.badAuth)
+	t.Run("events", s.events)
 }
 
 // RunProcess starts cmd as a plugin process and runs the suite against it.
@@ -399,5 +404,75 @@ func (s *suite) badAuth(t *testing.T) {
 	}
 	if pw := n.Password.Reveal(); pw != "" && strings.Contains(err.Error(), pw) {
 		t.Errorf("auth error reveals the password: %v", err)
+	}
+}
+
+// events checks the EventSubscriber contract: capabilities, a create that
+// returns the BMC's handle, the subscription found again by listing, a
+// delete, and a second delete of the same URI answering nil.
+func (s *suite) events(t *testing.T) {
+	b := s.open(t)
+	ev, ok := has[sdk.EventSubscriber](b, sdk.CapEvents)
+	if !ok {
+		t.Skip("driver has no event subscriptions")
+	}
+	if s.tg.EventDestination == "" {
+		t.Skip("target has no EventDestination")
+	}
+	caps, err := ev.EventCapabilities(s.ctx(t))
+	if errors.Is(err, sdk.ErrUnsupported) {
+		t.Skip("the BMC has no event service")
+	}
+	if err != nil {
+		t.Fatalf("EventCapabilities = %v", err)
+	}
+	if caps.MaxSubscriptions < 0 {
+		t.Errorf("EventCapabilities.MaxSubscriptions = %d, want >= 0", caps.MaxSubscriptions)
+	}
+	if caps.EventTypesRequired && len(caps.EventTypes) == 0 {
+		t.Logf("EventTypes are required but none are advertised")
+	}
+	tag := fmt.Sprintf("sdktest.%d", time.Now().UnixNano())
+	res, err := ev.Subscribe(s.ctx(t), sdk.SubscriptionSpec{Destination: s.tg.EventDestination, Context: tag,
+		Headers: map[string]sdk.Secret{"Authorization": "Bearer sdktest-Canary"}})
+	if err != nil {
+		if strings.Contains(err.Error(), "sdktest-Canary") {
+			t.Errorf("Subscribe's error reveals a header value")
+		}
+		t.Fatalf("Subscribe = %v (quirks %v)", err, res.Quirks)
+	}
+	uri := res.Subscription.URI
+	if uri == "" || res.Ambiguous {
+		t.Fatalf("Subscribe succeeded with URI %q, ambiguous %v: want the BMC's handle", uri, res.Ambiguous)
+	}
+	defer ev.Unsubscribe(s.ctx(t), uri)
+	found := func() (sdk.Subscription, bool) {
+		t.Helper()
+		l, err := ev.ListSubscriptions(s.ctx(t))
+		if err != nil {
+			t.Fatalf("ListSubscriptions = %v", err)
+		}
+		for _, sub := range l.Subscriptions {
+			if sub.URI == uri {
+				return sub, true
+			}
+		}
+		return sdk.Subscription{}, false
+	}
+	sub, ok := found()
+	if !ok {
+		t.Fatalf("the new subscription %s is not listed", uri)
+	}
+	if sub.Context != tag && !sdk.HasQuirk(res.Quirks, sdk.QuirkContextNotReturned) {
+		t.Errorf("listed Context = %q, want %q (or the context_not_returned quirk)", sub.Context, tag)
+	}
+	if err := ev.Unsubscribe(s.ctx(t), uri); err != nil {
+		t.Fatalf("Unsubscribe = %v", err)
+	}
+	if err := ev.Unsubscribe(s.ctx(t), uri); err != nil {
+		t.Errorf("Unsubscribe of a deleted subscription = %v, want nil", err)
+	}
+	if _, ok := found(); ok {
+		t.Errorf("%s is still listed after Unsubscribe", uri)
 	}
 }
