@@ -26,6 +26,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -99,6 +100,7 @@ type Service struct {
 	conns    map[string]*conn               // by agent id
 	changed  chan struct{}                  // closed and replaced when conns change
 	consoles map[string]chan *ConsoleStream // console opens waiting for their stream, by op id
+	lost     map[string]time.Time           // agents dropped for silence, by id: their last contact
 }
 
 // New returns a service. It does no I/O.
@@ -110,7 +112,7 @@ func New(cfg Config, lead Leadership, logger *slog.Logger) *Service {
 		cfg.AgentWait = 5 * time.Second
 	}
 	return &Service{cfg: cfg, lead: lead, logger: logger.With("component", "agentsvc"),
-		conns: map[string]*conn{}, changed: make(chan struct{}), consoles: map[string]chan *ConsoleStream{}}
+		conns: map[string]*conn{}, changed: make(chan struct{}), consoles: map[string]chan *ConsoleStream{}, lost: map[string]time.Time{}}
 }
 
 // conn is one connected agent.
@@ -202,15 +204,21 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 		old.cancel() // a reconnecting agent replaces its old stream
 	}
 	s.conns[c.id] = c
+	delete(s.lost, c.id)
 	s.notifyLocked()
 	s.mu.Unlock()
 	s.logger.Info("agent connected", "agent", c.id, "sites", c.sites, "drivers", driverNames)
 
-	gone := "disconnected"
+	gone, lost := "disconnected", false
 	defer func() {
 		s.mu.Lock()
 		if s.conns[c.id] == c {
 			delete(s.conns, c.id)
+			if lost {
+				c.mu.Lock()
+				s.lost[c.id] = c.lastContact
+				c.mu.Unlock()
+			}
 			s.notifyLocked()
 		}
 		s.mu.Unlock()
@@ -268,7 +276,7 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 			silent, inflight := now.Sub(c.lastContact), len(c.pending)
 			c.mu.Unlock()
 			if silent > lostAfter*s.cfg.Heartbeat {
-				gone = fmt.Sprintf("was lost (no heartbeat for %v)", silent.Round(time.Millisecond))
+				gone, lost = fmt.Sprintf("was lost (no heartbeat for %v)", silent.Round(time.Millisecond)), true
 				s.logger.Warn("agent lost: no heartbeat; closing its stream and failing its operations in flight as outcome unknown",
 					"agent", c.id, "silent", silent.Round(time.Millisecond), "in_flight", inflight)
 				return status.Errorf(codes.Unavailable, "no heartbeat for %v: agent considered lost", silent.Round(time.Millisecond))
@@ -330,6 +338,7 @@ func (s *Service) DisconnectAll() {
 	for _, c := range s.conns {
 		c.cancel()
 	}
+	clear(s.lost)
 }
 
 // healthy reports whether c has been heard from recently.
@@ -437,6 +446,7 @@ func (s *Service) dispatch(ctx context.Context, site, driver string, op *agentpb
 		forget()
 		return Result{Agent: c.id, Sent: true}, nil, fmt.Errorf("send to agent %s: %v: %w", c.id, err, ErrOutcomeUnknown)
 	}
+	s.logger.Debug("operation sent to agent", "op", op.Id, "action", op.Action, "node", op.GetNode().GetName(), "agent", c.id)
 	select {
 	case r, ok := <-ch:
 		if !ok {
@@ -556,7 +566,9 @@ type AgentStatus struct {
 	LastContact time.Time
 }
 
-// Connected lists the agents connected to this coordinator.
+// Connected lists the agents connected to this coordinator, and those it
+// dropped as lost (missing heartbeats) since, unhealthy with their last
+// contact, until they connect again.
 func (s *Service) Connected() []AgentStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -568,12 +580,10 @@ func (s *Service) Connected() []AgentStatus {
 		c.mu.Unlock()
 		out = append(out, AgentStatus{ID: c.id, Healthy: s.healthy(c, now), LastContact: lc})
 	}
-	slices.SortFunc(out, func(a, b AgentStatus) int {
-		if a.ID < b.ID {
-			return -1
-		}
-		return 1
-	})
+	for id, lc := range s.lost {
+		out = append(out, AgentStatus{ID: id, LastContact: lc})
+	}
+	slices.SortFunc(out, func(a, b AgentStatus) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }
 

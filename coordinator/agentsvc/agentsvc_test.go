@@ -350,8 +350,20 @@ func TestDispatch_LostAgentFailsInFlightOperationsAtOnce(t *testing.T) {
 		t.Errorf("outcome unknown after only %v of silence: lost too early", took)
 	}
 	t.Logf("outcome unknown %v after the agent went silent (heartbeat %v): %v", took, hb, o.err)
-	if st := l.svc.Connected(); len(st) != 0 {
-		t.Errorf("lost agent still connected: %+v", st)
+	// It is listed as lost (unhealthy, its last contact kept), and never
+	// picked for another operation.
+	if st := l.svc.Connected(); len(st) != 1 || st[0].ID != "agent-1" || st[0].Healthy || st[0].LastContact.After(stopped) {
+		t.Errorf("Connected() after the agent was lost = %+v, want agent-1 unhealthy with its last contact", st)
+	}
+	if _, err := l.svc.Dispatch(ctx, "s1", "mock", op("op-2")); !errors.Is(err, ErrNoAgent) {
+		t.Errorf("Dispatch with the only agent lost = %v, want ErrNoAgent", err)
+	}
+	// When it comes back it is healthy again.
+	if _, err := l.dial(tlsutil.Files{CA: filepath.Join(l.dir, tlsutil.CACertFile), Cert: filepath.Join(l.dir, "agent-1.pem"), Key: filepath.Join(l.dir, "agent-1-key.pem")}, "agent-1", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if st := l.svc.Connected(); len(st) != 1 || !st[0].Healthy {
+		t.Errorf("Connected() after the agent reconnected = %+v, want it healthy", st)
 	}
 }
 
