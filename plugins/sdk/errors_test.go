@@ -12,7 +12,7 @@ import (
 )
 
 func TestErrors_SurviveTheWire(t *testing.T) {
-	for _, sentinel := range []error{ErrUnsupported, ErrAuth, ErrUnreachable, ErrBusy, ErrInvalid, ErrTimeout, ErrProtocol, ErrPrivilege} {
+	for _, sentinel := range []error{ErrUnsupported, ErrAuth, ErrUnreachable, ErrBusy, ErrInvalid, ErrTimeout, ErrProtocol, ErrPrivilege, ErrQuota, ErrConflict} {
 		wrapped := fmt.Errorf("acme: power on: %w", sentinel)
 		back := fromStatus(context.Background(), toStatus(wrapped))
 		if !errors.Is(back, sentinel) {
