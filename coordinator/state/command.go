@@ -164,6 +164,25 @@ func Decode(data []byte) (c Command, ignore bool, err error) {
 	return c, false, nil
 }
 
+// DescribeEntry says what a log entry is without applying it, for the
+// message of a replica that cannot apply it: its command type and envelope
+// version when the envelope decodes, and its size. It never includes the
+// payload.
+func DescribeEntry(data []byte) string {
+	var env struct {
+		Version int    `json:"v"`
+		Type    string `json:"type"`
+	}
+	if err := json.Unmarshal(data, &env); err != nil {
+		return fmt.Sprintf("not a JSON envelope, %d bytes", len(data))
+	}
+	t := env.Type
+	if len(t) > 64 || CheckText("", t) != nil {
+		t = q(t)
+	}
+	return fmt.Sprintf("type %s, envelope version %d, %d bytes", t, env.Version, len(data))
+}
+
 func decodeAs[T Command](p json.RawMessage) (Command, error) {
 	var v T
 	dec := json.NewDecoder(bytes.NewReader(p))

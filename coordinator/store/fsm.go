@@ -1,27 +1,68 @@
 package store
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/obmesh/obmesh/coordinator/state"
 )
 
 // fsm adapts Store's state to raft.FSM. It is thin: decoding and domain
 // logic live in package state.
 type fsm Store
 
-// Apply applies a committed entry. An entry this build cannot decode stops
-// the replica loudly: skipping it would let replicas diverge.
+// ExitUnappliableEntry is the exit status of a coordinator that stopped
+// because it cannot apply a committed log entry (see Apply). A service
+// manager should not restart it in a loop: it would stop again at the same
+// entry (systemd: RestartPreventExitStatus=65).
+const ExitUnappliableEntry = 65
+
+// RecoveryHelp is what an operator does about a member that cannot apply a
+// committed entry; docs/operations.md has the steps.
+const RecoveryHelp = "if the other members run a newer obmesh, upgrade this coordinator and start it again; " +
+	"if only this member fails, stop it, move its data_dir aside and start it again: it rejoins through retry_join " +
+	"and the leader sends it a snapshot; if every member fails at this entry, start one member on an empty data_dir " +
+	"and restore the last saved snapshot (obmesh snapshot save output, or DATA_DIR/snapshots/*/state.bin) with " +
+	"obmesh snapshot restore, then rejoin the others with empty data_dirs. " +
+	"See \"A member that cannot apply the log\" in docs/operations.md"
+
+// Apply applies a committed entry. Entries that decode but are invalid are
+// refused by package state as no-ops (an error in the Result) on every
+// replica. An entry this build cannot apply at all (it does not decode, its
+// command type is unknown, or applying it hit a bug) stops the process:
+// skipping it would let this replica diverge from the group, and raft's FSM
+// contract has no way to refuse an entry. The stop is a clean exit with
+// ExitUnappliableEntry and one message (logged, or written to stderr when
+// the logger discards errors) that names the entry and the recovery, rather
+// than a panic trace. The entry stays in the log, so a restart stops at it
+// again until the member is upgraded, rejoined or restored.
 func (f *fsm) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
 	res, err := f.state.Apply(l.Index, l.Data)
 	if err != nil {
-		panic(fmt.Sprintf("store: cannot apply log entry %d: %v (upgrade this coordinator)", l.Index, err))
+		f.stop(l, err)
 	}
 	return res
+}
+
+// stop ends the process because entry l cannot be applied.
+func (f *fsm) stop(l *raft.Log, err error) {
+	msg := fmt.Sprintf("coordinator %s cannot apply committed Raft log entry %d (term %d, %s): %v. "+
+		"It stops here rather than diverge from the group (exit status %d). Recovery: %s",
+		f.cfg.ID, l.Index, l.Term, state.DescribeEntry(l.Data), err, ExitUnappliableEntry, RecoveryHelp)
+	if f.logger.Enabled(context.Background(), slog.LevelError) {
+		f.logger.Error(msg, "index", l.Index, "term", l.Term, "exit_status", ExitUnappliableEntry)
+	} else {
+		fmt.Fprintln(os.Stderr, "obmesh: "+msg)
+	}
+	os.Exit(ExitUnappliableEntry)
 }
 
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
@@ -34,9 +75,16 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	return &fsmSnapshot{data: buf.b}, nil
 }
 
+// Restore replaces the state with a Raft snapshot. A snapshot package state
+// refuses leaves the state unchanged and fails the restore (raft then logs
+// it, and a starting member falls back to an older snapshot or refuses to
+// start).
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	return f.state.Restore(rc)
+	if err := f.state.Restore(rc); err != nil {
+		return fmt.Errorf("store: coordinator %s cannot restore a Raft snapshot: %w. Recovery: %s", f.cfg.ID, err, RecoveryHelp)
+	}
+	return nil
 }
 
 type bufferWriter struct{ b []byte }
