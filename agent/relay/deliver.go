@@ -36,6 +36,7 @@ type subState struct {
 	pol     DeliveryPolicy
 	dest    *url.URL
 	invalid string // why the destination is refused ("" = fine)
+	gen     uint64 // bumped when settings change: the worker retries at once
 	pending []*entry
 	dead    int
 	stats   SubscriberStats
@@ -71,9 +72,26 @@ func (s *subState) update(node string, cfg Subscriber, def DeliveryPolicy) {
 	cfg.Secret = slices.Clone(cfg.Secret)
 	dest, invalid := checkDestination(cfg.Destination)
 	s.mu.Lock()
+	if !sameSettings(s.cfg, cfg) || s.pol != pol {
+		s.gen++
+	}
 	s.node, s.cfg, s.pol, s.dest, s.invalid = node, cfg, pol, dest, invalid
 	s.mu.Unlock()
 	s.poke()
+}
+
+// sameSettings compares what affects delivery.
+func sameSettings(a, b Subscriber) bool {
+	if a.Destination != b.Destination || a.Context != b.Context || a.InsecureSkipVerify != b.InsecureSkipVerify ||
+		!bytes.Equal(a.Secret, b.Secret) || len(a.Headers) != len(b.Headers) {
+		return false
+	}
+	for k, v := range a.Headers {
+		if w, ok := b.Headers[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
 }
 
 func maps(m map[string]string) map[string]string {
@@ -114,7 +132,12 @@ func (s *subState) poke() {
 }
 
 // install replaces the pending index with the store's view (worker start).
+// Retry times from before a restart are dropped: the queue is retried in
+// order.
 func (s *subState) install(pending []*entry, dead int) {
+	for _, e := range pending {
+		e.NextAt = time.Time{}
+	}
 	s.mu.Lock()
 	s.pending = pending
 	s.dead = dead
@@ -239,6 +262,9 @@ func (r *Relay) work(ctx context.Context, st *store, d *deliverer, s *subState) 
 	}
 	var pauseUntil time.Time
 	failures := 0
+	s.mu.Lock()
+	gen := s.gen
+	s.mu.Unlock()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -246,6 +272,17 @@ func (r *Relay) work(ctx context.Context, st *store, d *deliverer, s *subState) 
 		if ctx.Err() != nil {
 			return
 		}
+		s.mu.Lock()
+		if s.gen != gen {
+			// New settings (a fixed destination, new headers): retry
+			// everything now rather than after the old backoff.
+			gen = s.gen
+			failures, pauseUntil = 0, time.Time{}
+			for _, p := range s.pending {
+				p.NextAt = time.Time{}
+			}
+		}
+		s.mu.Unlock()
 		now := time.Now()
 		e, wait := s.pick(now, pauseUntil)
 		if e == nil {
@@ -294,6 +331,14 @@ func (r *Relay) work(ctx context.Context, st *store, d *deliverer, s *subState) 
 			s.remove(e.Seq)
 			s.stats.Delivered++
 			s.stats.LastDeliveredAt = now
+			if failures > 0 {
+				// The subscriber is back: what failed while it was
+				// down is retried now, in queue order.
+				for _, p := range s.pending {
+					p.NextAt = time.Time{}
+				}
+				r.log.Info("relay: subscriber accepting deliveries again", "subscriber", s.id)
+			}
 			s.mu.Unlock()
 			st.ack(s, e.Seq, e.EventID)
 			failures, pauseUntil = 0, time.Time{}
