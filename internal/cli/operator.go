@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 
 	"github.com/obmesh/obmesh/coordinator/api"
@@ -70,7 +71,7 @@ func snapshotCommand() *Command {
 			if err := c.SnapshotSave(ctx, &buf); err != nil {
 				return err
 			}
-			if err := os.WriteFile(args[0], buf.Bytes(), 0o600); err != nil {
+			if err := writePrivateFile(args[0], buf.Bytes()); err != nil {
 				return err
 			}
 			fmt.Fprintf(env.Stdout, "saved %d bytes to %s (credentials stay sealed: keep the keyring to restore them)\n", buf.Len(), args[0])
@@ -89,4 +90,32 @@ func snapshotCommand() *Command {
 			return nil
 		})
 	return &Command{Name: "snapshot", Synopsis: "Save and restore the replicated state", Subs: []*Command{save, restore}}
+}
+
+// writePrivateFile writes data to path readable by its owner only (0600),
+// also when path already exists with a wider mode: the data goes to a new
+// 0600 file in the same directory that then replaces path, so a reader never
+// sees a partial file and an old mode is never reused.
+func writePrivateFile(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after a successful rename there is nothing to remove
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }
