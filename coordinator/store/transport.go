@@ -25,9 +25,12 @@ const (
 	// client that connects and sends nothing is dropped after it.
 	defaultHandshakeTimeout = 10 * time.Second
 	// maxPendingHandshakes bounds the handshakes running at once on the
-	// listener; a connection beyond it is closed at once. A group has a
-	// handful of members, each with a few pooled connections.
-	maxPendingHandshakes = 32
+	// listener, maxPendingPerHost those from one IP address; a connection
+	// beyond either is closed at once. A group has a handful of members,
+	// each with a few pooled connections, so one host holding many
+	// handshakes open cannot lock the members out.
+	maxPendingHandshakes = 256
+	maxPendingPerHost    = 8
 	// handshakeWarnEvery rate-limits the warning a failed handshake logs
 	// (every failure is logged at debug).
 	handshakeWarnEvery = 10 * time.Second
@@ -87,8 +90,9 @@ func withCoordinatorCheck(c *tls.Config) *tls.Config {
 // mutual authentication. Both ends require a certificate of the group's CA
 // whose role is coordinator. Accepted connections are handshaken off the
 // accept loop (so a slow client delays nobody), each within the handshake
-// timeout, at most maxPendingHandshakes at a time; only connections that
-// complete the handshake reach Raft.
+// timeout, at most maxPendingHandshakes at a time and maxPendingPerHost
+// from one IP address; only connections that complete the handshake reach
+// Raft.
 //
 // Dialling verifies the server's certificate against the address dialled:
 // the host of the member's Raft address (an IP or a DNS name) must be one
@@ -104,6 +108,8 @@ type tlsStream struct {
 
 	accepted chan net.Conn
 	pending  chan struct{} // semaphore of running handshakes
+	hostsMu  sync.Mutex
+	hosts    map[string]int // running handshakes per remote IP
 	closed   chan struct{}
 	ctx      context.Context // cancelled by Close: ends running handshakes
 	cancel   context.CancelFunc
@@ -128,7 +134,7 @@ func newTLSStream(bindAddr string, advertise net.Addr, server, client *tls.Confi
 		return nil, err
 	}
 	s := &tlsStream{ln: ln, advertise: advertise, server: sc, client: withCoordinatorCheck(client), timeout: timeout,
-		logger: logger, accepted: make(chan net.Conn), pending: make(chan struct{}, maxPendingHandshakes), closed: make(chan struct{})}
+		logger: logger, accepted: make(chan net.Conn), pending: make(chan struct{}, maxPendingHandshakes), hosts: map[string]int{}, closed: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	addr, ok := s.Addr().(*net.TCPAddr)
 	if !ok || addr.IP == nil || addr.IP.IsUnspecified() {
@@ -166,17 +172,48 @@ func (s *tlsStream) acceptLoop() {
 			}
 			continue
 		}
-		select {
-		case s.pending <- struct{}{}:
-		default:
+		host := remoteHost(raw.RemoteAddr())
+		if !s.admit(host) {
 			s.refused(raw.RemoteAddr(), errors.New("too many handshakes in progress"))
 			raw.Close()
 			continue
 		}
 		s.wg.Go(func() {
-			defer func() { <-s.pending }()
+			defer s.release(host)
 			s.handshake(raw)
 		})
+	}
+}
+
+func remoteHost(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.IP.String()
+	}
+	return a.String()
+}
+
+// admit reserves a handshake slot for a connection from host.
+func (s *tlsStream) admit(host string) bool {
+	s.hostsMu.Lock()
+	defer s.hostsMu.Unlock()
+	if s.hosts[host] >= maxPendingPerHost {
+		return false
+	}
+	select {
+	case s.pending <- struct{}{}:
+	default:
+		return false
+	}
+	s.hosts[host]++
+	return true
+}
+
+func (s *tlsStream) release(host string) {
+	s.hostsMu.Lock()
+	defer s.hostsMu.Unlock()
+	<-s.pending
+	if s.hosts[host]--; s.hosts[host] <= 0 {
+		delete(s.hosts, host)
 	}
 }
 

@@ -206,3 +206,34 @@ func TestRaft_GroupOverTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestRaft_HandshakesPerHostAreBounded: one host holding handshakes open
+// gets no more than maxPendingPerHost of them (the next connection is
+// closed at once), and its slots come back when it lets go.
+func TestRaft_HandshakesPerHostAreBounded(t *testing.T) {
+	pki := newPKI(t)
+	cfg := pki.config(t, "c1", t.TempDir())
+	cfg.Bootstrap = true
+	cfg.HandshakeTimeout = time.Minute
+	s := open(t, cfg)
+	peer := open(t, pki.config(t, "c2", t.TempDir()))
+	ctx := t.Context()
+	if err := peer.VerifyPeer(ctx, "c1", s.RaftAddr()); err != nil {
+		t.Fatalf("VerifyPeer before = %v", err)
+	}
+	var silent []net.Conn
+	for range maxPendingPerHost {
+		c, err := net.Dial("tcp", s.RaftAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+	}
+	if err := peer.VerifyPeer(ctx, "c1", s.RaftAddr()); err == nil {
+		t.Errorf("a handshake beyond %d pending from one host was admitted", maxPendingPerHost)
+	}
+	for _, c := range silent {
+		c.Close()
+	}
+	waitFor(t, 10*time.Second, "the slots to be released", func() bool { return peer.VerifyPeer(ctx, "c1", s.RaftAddr()) == nil })
+}
