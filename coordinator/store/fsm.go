@@ -2,10 +2,13 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/hashicorp/raft"
 
@@ -72,7 +75,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	if err := f.state.Snapshot(&buf); err != nil {
 		return nil, err
 	}
-	return &fsmSnapshot{data: buf.b}, nil
+	return &fsmSnapshot{data: buf.b, dataDir: f.cfg.Dir, logger: f.logger}, nil
 }
 
 // Restore replaces the state with a Raft snapshot. A snapshot package state
@@ -81,6 +84,11 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 // start).
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
+	// A snapshot installed from the leader was written by raft with its
+	// default modes just before this call.
+	if err := privateSnapshots(f.cfg.Dir); err != nil {
+		f.logger.Warn("cannot make the snapshot files private", "dir", f.cfg.Dir, "err", err)
+	}
 	if err := f.state.Restore(rc); err != nil {
 		return fmt.Errorf("store: coordinator %s cannot restore a Raft snapshot: %w. Recovery: %s", f.cfg.ID, err, RecoveryHelp)
 	}
@@ -91,9 +99,18 @@ type bufferWriter struct{ b []byte }
 
 func (w *bufferWriter) Write(p []byte) (int, error) { w.b = append(w.b, p...); return len(p), nil }
 
-type fsmSnapshot struct{ data []byte }
+type fsmSnapshot struct {
+	data    []byte
+	dataDir string
+	logger  *slog.Logger
+}
 
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	// raft's file store has created the sink's directory and state.bin
+	// (0755, 0644); make them private before the state goes in.
+	if err := privateSnapshots(s.dataDir); err != nil {
+		s.logger.Warn("cannot make the snapshot files private", "dir", s.dataDir, "err", err)
+	}
 	if _, err := sink.Write(s.data); err != nil {
 		sink.Cancel()
 		return err
@@ -102,3 +119,33 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 }
 
 func (s *fsmSnapshot) Release() {}
+
+// privateSnapshots makes DATA_DIR/snapshots and everything in it accessible
+// to the coordinator's user only: directories 0700, files 0600. Snapshots
+// hold sealed credentials and token hashes; raft's file snapshot store
+// creates its directories 0755 and files 0644, which other users could read
+// when the data directory itself is not private (an existing directory keeps
+// its mode). A missing directory (another snapshot store) or a file raft
+// removes meanwhile is not an error.
+func privateSnapshots(dataDir string) error {
+	root := filepath.Join(dataDir, "snapshots")
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if d.Type()&fs.ModeSymlink != 0 {
+			return nil
+		}
+		mode := fs.FileMode(0o600)
+		if d.IsDir() {
+			mode = 0o700
+		}
+		if err := os.Chmod(p, mode); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	})
+}

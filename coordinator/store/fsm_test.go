@@ -177,3 +177,77 @@ func TestFSM_PoisonedSnapshotIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// snapshotModes returns the mode of every entry under dir/snapshots.
+func snapshotModes(t *testing.T, dir string) map[string]os.FileMode {
+	t.Helper()
+	modes := map[string]os.FileMode{}
+	root := filepath.Join(dir, "snapshots")
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		modes[p] = fi.Mode()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return modes
+}
+
+// TestSnapshots_ArePrivate: the coordinator's Raft snapshots (sealed
+// credentials, token hashes) are 0600 in 0700 directories, also in a data
+// directory others can enter, and a start tightens snapshots that an older
+// build (or an install from the leader) left readable.
+func TestSnapshots_ArePrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pki := newPKI(t)
+	check := func(when string) {
+		t.Helper()
+		modes := snapshotModes(t, dir)
+		files := 0
+		for p, m := range modes {
+			want := os.FileMode(0o600)
+			if m.IsDir() {
+				want = 0o700
+			} else {
+				files++
+			}
+			if m.Perm() != want {
+				t.Errorf("%s: %s has mode %v, want %v", when, p, m.Perm(), want)
+			}
+		}
+		if files == 0 {
+			t.Fatalf("%s: no snapshot files under %s", when, dir)
+		}
+	}
+	s := openStore(t, pki, dir)
+	if _, err := s.Apply(t.Context(), state.RegisterNode{Node: state.Node{Name: "a", Driver: "mock", Site: "default"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	check("after a snapshot")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for p, m := range snapshotModes(t, dir) {
+		mode := os.FileMode(0o644)
+		if m.IsDir() {
+			mode = 0o755
+		}
+		os.Chmod(p, mode)
+	}
+	s2 := openStore(t, pki, dir)
+	defer s2.Close()
+	check("after a restart")
+}
