@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -635,5 +636,38 @@ func TestRedfishEvents_FiltersApplied(t *testing.T) {
 	rc.waitEvent(t, "ResourceEvent.1.4.Wanted")
 	if acc, _ := rc.count(); acc != 1 {
 		t.Errorf("%d events delivered, want only the one passing both filters", acc)
+	}
+}
+
+// What the EventService serves with its options on (filters advertised,
+// TestEventSubscription, suspended, foreign and SSE members) and the
+// standard events it pushes stay valid against the DMTF schemas; the
+// deliberate deviations (NumericIDs, payload variants) are not checked.
+func TestRedfishEvents_OptionsStayValidRedfish(t *testing.T) {
+	l := newSchemaLoader(t)
+	r := startEvents(t, RedfishEvents{RegistryPrefixes: []string{"Base", "ResourceEvent"}, ResourceTypes: []string{"ComputerSystem"},
+		TestEventSubscription: true, RetryAttempts: -1, RetryInterval: 10 * time.Millisecond})
+	rc := newReceiver(t)
+	rc.failing.Store(true)
+	call(t, r, "POST", subsPath, subBody(rc.srv.URL, map[string]any{"DeliveryRetryPolicy": "SuspendRetries",
+		"RegistryPrefixes": []string{"ResourceEvent"}, "ResourceTypes": []string{"ComputerSystem"}, "EventTypes": []string{"Alert"},
+		"HttpHeaders": []any{map[string]string{"Authorization": "Bearer x"}}}))
+	ok := newReceiver(t)
+	call(t, r, "POST", subsPath, subBody(ok.srv.URL, map[string]any{"DeliveryRetryPolicy": "RetryForever"}))
+	r.AddForeignSubscription(ForeignSubscription{Destination: "https://siem.example/x", Context: "theirs", OriginResources: []string{r.Systems()[0]}})
+	r.AddForeignSubscription(ForeignSubscription{Destination: "redfish-sse://127.0.0.1:4443", SubscriptionType: "SSE"})
+	r.PushEvent(RedfishEvent{MessageID: "ResourceEvent.1.4.ResourceErrorsDetected", MessageArgs: []string{"CPU1", "2"}, Severity: "Warning"})
+	eventually(t, "the first subscription is suspended", func() bool { return r.EventSubscriptions()[0].State == "Disabled" })
+	call(t, r, "POST", testSubsPath, map[string]any{})
+	ok.waitEvent(t, "ResourceEvent.1.4.TestMessage")
+
+	validate(t, l.schema(t, "EventService.v1_12_0.json"), "the EventService", call(t, r, "GET", eventSvcPath, nil).doc)
+	ed := l.schema(t, "EventDestination.v1_16_0.json")
+	for _, uri := range r.Subscriptions() {
+		validate(t, ed, uri, call(t, r, "GET", uri, nil).doc)
+	}
+	evs := l.schema(t, "Event.v1_13_0.json")
+	for i, e := range r.Pushed() {
+		validate(t, evs, fmt.Sprintf("pushed event %d", i), e)
 	}
 }
