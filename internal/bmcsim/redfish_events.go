@@ -34,6 +34,10 @@ type RedfishEvents struct {
 	// with the subscription as body), 200 (OK, with the body) or 204 (No
 	// Content).
 	CreateStatus int
+	// CreateDelay holds the answer to an accepted create this long (the
+	// subscription exists meanwhile), for clients whose deadline passes
+	// first.
+	CreateDelay time.Duration
 	// NoLocation: an accepted create has no Location header (as some BMCs
 	// do; RedfishQuirks.NoLocation also does this, and for sessions too).
 	NoLocation bool
@@ -767,6 +771,15 @@ func (r *Redfish) createSub(w http.ResponseWriter, req *http.Request) {
 		r.loseCreates--
 	}
 	r.mu.Unlock()
+	if ev.CreateDelay > 0 {
+		t := time.NewTimer(ev.CreateDelay)
+		select {
+		case <-t.C:
+		case <-req.Context().Done():
+			t.Stop()
+			return // the client gave up: nobody reads the answer
+		}
+	}
 	if lose {
 		if hj, ok := w.(http.Hijacker); ok {
 			if conn, _, err := hj.Hijack(); err == nil {

@@ -351,6 +351,15 @@ func TestRedfishEvents_LostCreateResponses(t *testing.T) {
 	}
 }
 
+func TestRedfishEvents_CreateDelay(t *testing.T) {
+	r := startEvents(t, RedfishEvents{CreateDelay: 300 * time.Millisecond})
+	rc := newReceiver(t)
+	start := time.Now()
+	if a := call(t, r, "POST", subsPath, subBody(rc.srv.URL, nil)); a.status != http.StatusCreated || time.Since(start) < 300*time.Millisecond {
+		t.Errorf("delayed create = %d after %v", a.status, time.Since(start))
+	}
+}
+
 func TestRedfishEvents_UniqueDestinationAndLimit(t *testing.T) {
 	rc := newReceiver(t)
 	for _, msg := range []string{"", "PropertyValueModified"} {

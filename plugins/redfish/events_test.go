@@ -246,6 +246,28 @@ func TestEvents_LostResponseIsAmbiguous(t *testing.T) {
 	}
 }
 
+// §9.7 case 1, by deadline: the BMC creates but answers after the caller's
+// deadline: Ambiguous with a timeout, promptly, and one subscription.
+func TestEvents_CreateTimeoutIsAmbiguous(t *testing.T) {
+	r := startBMC(t, bmcsim.RedfishEvents{CreateDelay: 5 * time.Second})
+	rc := newReceiver(t)
+	ev := events(t, r, nil)
+	list(t, ev) // log in first: the deadline below is for the create only
+	c, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	res, err := ev.Subscribe(c, spec(rc.srv.URL+"/slow", "osvc1.slow"))
+	if !errors.Is(err, sdk.ErrTimeout) || !res.Ambiguous {
+		t.Fatalf("create past the deadline = %+v, %v; want Ambiguous and ErrTimeout", res, err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("the create held the caller %v past its deadline", d)
+	}
+	if l := list(t, ev); len(l.Subscriptions) != 1 || l.Subscriptions[0].Context != "osvc1.slow" || len(r.CreateRequests()) != 1 {
+		t.Errorf("after the timeout: %+v, %d creates", l, len(r.CreateRequests()))
+	}
+}
+
 // §9.7 case 2: 201 without Location, 200 with a body, 204: the
 // subscription is found by listing and no_location is learned.
 func TestEvents_CreateWithoutLocation(t *testing.T) {
