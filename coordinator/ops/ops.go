@@ -128,7 +128,7 @@ func New(cfg Config, nodes Nodes, keys *seal.Keyring, disp Dispatcher, epoch Epo
 
 // Failure is an operation error with its class; Receipt says what happened.
 type Failure struct {
-	Class   string // sdk error classes, or "no_agent", "outcome_unknown", "rejected", "internal"
+	Class   string // sdk error classes, or "no_agent", "outcome_unknown", "rejected", "no_leader", "internal"
 	Message string
 }
 
@@ -209,7 +209,11 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		pending := rec
 		pending.Outcome, pending.Error = api.OutcomeUnknown, "sent to an agent; no result recorded (the coordinator that ran it was lost)"
 		if err := r.recordReceipt(ctx, pending); err != nil {
-			rec, err := finish(api.OutcomeFailed, &Failure{Class: "no_leader", Message: "could not record the operation before running it: " + err.Error()})
+			class := "no_leader"
+			if errors.Is(err, context.DeadlineExceeded) {
+				class = "timeout" // the operation's own deadline passed first
+			}
+			rec, err := finish(api.OutcomeFailed, &Failure{Class: class, Message: "could not record the operation before running it: " + err.Error()})
 			return rec, nil, err
 		}
 	}
@@ -357,6 +361,11 @@ func (r *Runner) RecordLate(agent string, res *agentpb.OperationResult) {
 		r.logger.Warn("late operation result not recorded", "id", rec.ID, "err", err)
 		return
 	}
+	r.mu.Lock()
+	if _, ok := r.recent[rec.ID]; ok {
+		r.recent[rec.ID] = rec // this coordinator ran it: its remembered receipt is stale
+	}
+	r.mu.Unlock()
 	r.logger.Info("late operation result recorded", "id", rec.ID, "node", rec.Node, "outcome", rec.Outcome, "agent", agent)
 }
 
