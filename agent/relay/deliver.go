@@ -256,9 +256,17 @@ func (r *Relay) startWorker(s *subState) {
 // breaker), so a dead subscriber costs one attempt per pause, not one per
 // queued event.
 func (r *Relay) work(ctx context.Context, st *store, d *deliverer, s *subState) {
-	if err := st.load(s); err != nil {
-		r.log.Warn("relay: loading a subscriber's queue failed", "subscriber", s.id, "err", err)
-		return
+	for {
+		err := st.load(s)
+		if err == nil {
+			break
+		}
+		r.log.Warn("relay: loading a subscriber's queue failed; retrying", "subscriber", s.id, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
 	}
 	var pauseUntil time.Time
 	failures := 0

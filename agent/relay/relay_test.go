@@ -15,10 +15,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 func oneNode(t testing.TB, subs ...Subscriber) (Node, []Node) {
@@ -822,5 +825,70 @@ func TestRunTwiceAndLifecycle(t *testing.T) {
 	h := startRelay(t, Config{}, nil)
 	if err := h.Run(context.Background()); err == nil {
 		t.Error("second Run accepted")
+	}
+}
+
+// TestDedupWindowExpires: after the window, the same event is new again and
+// the janitor has purged the stored keys.
+func TestDedupWindowExpires(t *testing.T) {
+	rc := newReceiver(t, false)
+	node, nodes := oneNode(t, Subscriber{ID: "s1", Destination: rc.URL()})
+	h := startRelay(t, Config{DedupWindow: 50 * time.Millisecond}, nodes)
+	u := h.NodeURL(node.Token, "sid", 1)
+	post(t, u, stdEvent("1"))
+	waitFor(t, 10*time.Second, "first delivery", func() bool { return rc.count() == 1 })
+	keys := func() int {
+		n := 0
+		h.st.db.View(func(tx *bolt.Tx) error {
+			n = tx.Bucket(bktDedup).Stats().KeyN + tx.Bucket(bktDedupExp).Stats().KeyN
+			return nil
+		})
+		return n
+	}
+	if keys() != 2 {
+		t.Fatalf("dedup keys = %d, want 2 (key and expiry index)", keys())
+	}
+	waitFor(t, 10*time.Second, "the janitor to purge expired keys", func() bool { return keys() == 0 })
+	post(t, u, stdEvent("1"))
+	waitFor(t, 10*time.Second, "the same event after the window", func() bool { return rc.count() == 2 })
+	if d := h.Stats().Nodes["node-1"].Duplicates; d != 0 {
+		t.Errorf("Duplicates = %d, want 0", d)
+	}
+}
+
+// TestRunLeavesNoGoroutines: when Run returns, no goroutine of the relay is
+// left (workers, committer, janitor, handlers).
+func TestRunLeavesNoGoroutines(t *testing.T) {
+	hanging, ok := newReceiver(t, false), newReceiver(t, false)
+	hanging.hang.Store(true)
+	node, nodes := oneNode(t, Subscriber{ID: "hang", Destination: hanging.URL()}, Subscriber{ID: "ok", Destination: ok.URL()})
+	h := startRelay(t, Config{}, nodes)
+	_, cancel := h.Watch(1)
+	defer cancel()
+	for i := range 5 {
+		post(t, h.NodeURL(node.Token, "sid", 1), stdEvent(fmt.Sprint(i)))
+	}
+	waitFor(t, 10*time.Second, "deliveries", func() bool { return ok.count() == 5 && hanging.tries.Load() > 0 })
+	leftovers := func() string {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		var bad []string
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, "agent/relay.(*") && !strings.Contains(g, "agent/relay.TestRunLeavesNoGoroutines") {
+				bad = append(bad, g)
+			}
+		}
+		return strings.Join(bad, "\n\n")
+	}
+	if !strings.Contains(leftovers(), "(*Relay).work") {
+		t.Fatal("the detector does not see the running relay's workers")
+	}
+	h.stop(t)
+	deadline := time.Now().Add(5 * time.Second)
+	for leftovers() != "" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if l := leftovers(); l != "" {
+		t.Fatalf("goroutines left after Run returned:\n%s", l)
 	}
 }
