@@ -195,7 +195,8 @@ func (b *bmc) events(ctx context.Context, what string, fn func(*gofish.APIClient
 	err := b.c.do(ctx, what, func(client *gofish.APIClient) error {
 		err := fn(client)
 		if status(err) == http.StatusUnauthorized {
-			return err // conn.do logs in again once
+			// conn.do logs in again once on a 401; the BMC's body stays out.
+			return &common.Error{HTTPReturnedStatusCode: http.StatusUnauthorized}
 		}
 		return eventError(ctx, what, err)
 	})
@@ -231,6 +232,9 @@ func memberLinks(client *gofish.APIClient, coll string) ([]string, error) {
 			}
 		}
 		next, _ = field[string](doc, "Members@odata.nextLink")
+	}
+	if next != "" {
+		return nil, sdk.Errorf(sdk.ClassProtocol, "redfish: the subscription collection has more than %d pages", maxPages)
 	}
 	return links, nil
 }

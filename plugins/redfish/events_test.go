@@ -659,3 +659,32 @@ func TestEvents_ErrorsHideSecrets(t *testing.T) {
 		noSecret(t, err)
 	}
 }
+
+// A session the BMC dropped (a reboot, a timeout) is renewed once and the
+// call carried out; a wrong password is ErrAuth without the BMC's words.
+func TestEvents_SessionDroppedAndBadAuth(t *testing.T) {
+	r := startBMC(t, bmcsim.RedfishEvents{})
+	rc := newReceiver(t)
+	ev := events(t, r, nil)
+	list(t, ev)
+	r.DropSessions()
+	if _, err := ev.Subscribe(ctx(t), spec(rc.srv.URL, "c")); err != nil || len(r.Subscriptions()) != 1 {
+		t.Fatalf("subscribe after the session was dropped: %v, %v", err, r.Subscriptions())
+	}
+	r.DropSessions()
+	if l := list(t, ev); len(l.Subscriptions) != 1 {
+		t.Errorf("list after the session was dropped: %+v", l)
+	}
+	n := node(r)
+	n.Password = "wrong-" + canary
+	b, err := redfish.New().Open(ctx(t), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	_, err = b.(sdk.EventSubscriber).ListSubscriptions(ctx(t))
+	if !errors.Is(err, sdk.ErrAuth) {
+		t.Errorf("wrong password = %v, want ErrAuth", err)
+	}
+	noSecret(t, err)
+}

@@ -309,7 +309,8 @@ const (
 // https_only) are worth keeping.
 type CreateResult struct {
 	// Subscription is the created subscription. Its URI is empty only when
-	// Ambiguous.
+	// Ambiguous. Its Context is the one sent (a BMC with the
+	// context_not_returned quirk shows another when listed).
 	Subscription Subscription
 	// Ambiguous says the create may have happened (a timeout, a reset
 	// connection, a 2xx without Location after which listing did not find
