@@ -288,7 +288,14 @@ func (c *conn) login(ctx context.Context, hc *http.Client) (token, location stri
 	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed:
 		return "", "", nil
 	case resp.StatusCode >= 300:
-		return "", "", classify(ctx, "log in to "+c.t.endpoint, common.ConstructError(resp.StatusCode, raw))
+		// The BMC's answer to a login may quote the request, password
+		// included (a Redfish message's MessageArgs echo bad values):
+		// keep the password out of the error at its source.
+		body, withheld := sdk.Redact(string(raw), c.t.pass.Reveal())
+		if withheld {
+			body = "(the BMC's answer is withheld: it may quote the password)"
+		}
+		return "", "", classify(ctx, "log in to "+c.t.endpoint, common.ConstructError(resp.StatusCode, []byte(body)))
 	}
 	token = resp.Header.Get("X-Auth-Token")
 	location = resp.Header.Get("Location")

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -81,10 +82,13 @@ type server struct {
 
 	mu       sync.Mutex
 	sessions map[string]BMC
+	// secrets are each session's node password, removed from every error
+	// the session's calls answer (RedactError).
+	secrets map[string][]string
 }
 
 func newServer(d Driver) *server {
-	return &server{d: d, sessions: make(map[string]BMC)}
+	return &server{d: d, sessions: make(map[string]BMC), secrets: make(map[string][]string)}
 }
 
 // closeAll closes every open session; used by tests that stop a server.
@@ -94,6 +98,7 @@ func (s *server) closeAll() {
 	for id, b := range s.sessions {
 		b.Close()
 		delete(s.sessions, id)
+		delete(s.secrets, id)
 	}
 }
 
@@ -112,13 +117,16 @@ func (s *server) Open(ctx context.Context, req *driverpb.OpenRequest) (*driverpb
 		Password: Secret(n.Password), Options: n.Options,
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(RedactError(err, n.Password))
 	}
 	var raw [16]byte
 	rand.Read(raw[:])
 	id := hex.EncodeToString(raw[:])
 	s.mu.Lock()
 	s.sessions[id] = b
+	if n.Password != "" {
+		s.secrets[id] = []string{n.Password}
+	}
 	s.mu.Unlock()
 	resp := &driverpb.OpenResponse{Session: id}
 	for _, c := range CapabilitiesOf(b) {
@@ -130,14 +138,26 @@ func (s *server) Open(ctx context.Context, req *driverpb.OpenRequest) (*driverpb
 func (s *server) Close(_ context.Context, req *driverpb.SessionRequest) (*driverpb.Empty, error) {
 	s.mu.Lock()
 	b, ok := s.sessions[req.Session]
+	secrets := s.secrets[req.Session]
 	delete(s.sessions, req.Session)
+	delete(s.secrets, req.Session)
 	s.mu.Unlock()
 	if ok {
 		if err := b.Close(); err != nil {
-			return nil, toStatus(err)
+			return nil, toStatus(RedactError(err, secrets...))
 		}
 	}
 	return &driverpb.Empty{}, nil
+}
+
+// fail is toStatus for an error of a session's call: the session's secrets
+// are removed from the message first, so no driver (ours or a third
+// party's) can hand a BMC password back to the host in an error.
+func (s *server) fail(session string, err error) error {
+	s.mu.Lock()
+	secrets := slices.Clone(s.secrets[session])
+	s.mu.Unlock()
+	return toStatus(RedactError(err, secrets...))
 }
 
 // capOf returns the session's BMC as T, or a status error: invalid argument
@@ -164,7 +184,7 @@ func (s *server) PowerState(ctx context.Context, req *driverpb.SessionRequest) (
 	}
 	st, err := g.PowerState(ctx)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.fail(req.Session, err)
 	}
 	return &driverpb.PowerStateResponse{State: string(st.State), Raw: st.Raw}, nil
 }
@@ -178,7 +198,7 @@ func (s *server) SetPower(ctx context.Context, req *driverpb.SetPowerRequest) (*
 	if !a.Valid() {
 		return nil, toStatus(Errorf(ClassInvalid, "unknown power action %q", req.Action))
 	}
-	return &driverpb.Empty{}, toStatus(p.SetPower(ctx, a))
+	return &driverpb.Empty{}, s.fail(req.Session, p.SetPower(ctx, a))
 }
 
 func (s *server) SetBootDevice(ctx context.Context, req *driverpb.SetBootDeviceRequest) (*driverpb.Empty, error) {
@@ -186,7 +206,7 @@ func (s *server) SetBootDevice(ctx context.Context, req *driverpb.SetBootDeviceR
 	if err != nil {
 		return nil, err
 	}
-	return &driverpb.Empty{}, toStatus(b.SetBootDevice(ctx, BootDevice(req.Device), BootOptions{Persistent: req.Persistent, EFI: req.Efi}))
+	return &driverpb.Empty{}, s.fail(req.Session, b.SetBootDevice(ctx, BootDevice(req.Device), BootOptions{Persistent: req.Persistent, EFI: req.Efi}))
 }
 
 func (s *server) Identity(ctx context.Context, req *driverpb.SessionRequest) (*driverpb.IdentityResponse, error) {
@@ -196,7 +216,7 @@ func (s *server) Identity(ctx context.Context, req *driverpb.SessionRequest) (*d
 	}
 	id, err := b.Identity(ctx)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.fail(req.Session, err)
 	}
 	return &driverpb.IdentityResponse{Vendor: id.Vendor, Model: id.Model, Firmware: id.Firmware, Extra: id.Extra}, nil
 }
@@ -213,7 +233,7 @@ func (s *server) Console(stream driverpb.Driver_ConsoleServer) error {
 	ctx := stream.Context()
 	con, err := o.OpenConsole(ctx)
 	if err != nil {
-		return toStatus(err)
+		return s.fail(first.Session, err)
 	}
 	defer con.Close()
 	// An empty first output tells the host the console is open.
@@ -281,7 +301,7 @@ func (s *server) Console(stream driverpb.Driver_ConsoleServer) error {
 				return nil
 			default:
 			}
-			return toStatus(err)
+			return s.fail(first.Session, err)
 		}
 		if n == 0 {
 			// Nothing read and no error: answer the pull anyway so the host
@@ -300,7 +320,7 @@ func (s *server) EventCapabilities(ctx context.Context, req *driverpb.SessionReq
 	}
 	c, err := e.EventCapabilities(ctx)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.fail(req.Session, err)
 	}
 	return &driverpb.EventCapabilitiesResponse{
 		ServiceEnabled: c.ServiceEnabled, Version: c.Version,
@@ -317,7 +337,7 @@ func (s *server) ListSubscriptions(ctx context.Context, req *driverpb.SessionReq
 	}
 	l, err := e.ListSubscriptions(ctx)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.fail(req.Session, err)
 	}
 	resp := &driverpb.ListSubscriptionsResponse{Undecodable: l.Undecodable}
 	for _, sub := range l.Subscriptions {
@@ -347,6 +367,14 @@ func (s *server) CreateSubscription(ctx context.Context, req *driverpb.CreateSub
 	res, err := e.Subscribe(ctx, spec)
 	resp := &driverpb.CreateSubscriptionResponse{Subscription: subToPB(res.Subscription), Ambiguous: res.Ambiguous, Quirks: res.Quirks}
 	if err != nil {
+		// The header values are secrets too (a subscriber's bearer token).
+		s.mu.Lock()
+		secrets := slices.Clone(s.secrets[req.Session])
+		s.mu.Unlock()
+		for _, v := range req.Headers {
+			secrets = append(secrets, v)
+		}
+		err = RedactError(err, secrets...)
 		resp.Error = &driverpb.DriverError{Class: string(ClassOf(err)), Message: err.Error()}
 	}
 	return resp, nil
@@ -357,7 +385,7 @@ func (s *server) DeleteSubscription(ctx context.Context, req *driverpb.Subscript
 	if err != nil {
 		return nil, err
 	}
-	return &driverpb.Empty{}, toStatus(e.Unsubscribe(ctx, req.Uri))
+	return &driverpb.Empty{}, s.fail(req.Session, e.Unsubscribe(ctx, req.Uri))
 }
 
 func (s *server) SetSubscriptionContext(ctx context.Context, req *driverpb.SubscriptionRequest) (*driverpb.Empty, error) {
@@ -365,7 +393,7 @@ func (s *server) SetSubscriptionContext(ctx context.Context, req *driverpb.Subsc
 	if err != nil {
 		return nil, err
 	}
-	return &driverpb.Empty{}, toStatus(e.SetSubscriptionContext(ctx, req.Uri, req.Context))
+	return &driverpb.Empty{}, s.fail(req.Session, e.SetSubscriptionContext(ctx, req.Uri, req.Context))
 }
 
 func (s *server) ResumeSubscription(ctx context.Context, req *driverpb.SubscriptionRequest) (*driverpb.Empty, error) {
@@ -373,7 +401,7 @@ func (s *server) ResumeSubscription(ctx context.Context, req *driverpb.Subscript
 	if err != nil {
 		return nil, err
 	}
-	return &driverpb.Empty{}, toStatus(e.ResumeSubscription(ctx, req.Uri))
+	return &driverpb.Empty{}, s.fail(req.Session, e.ResumeSubscription(ctx, req.Uri))
 }
 
 func (s *server) SendTestEvent(ctx context.Context, req *driverpb.TestEventRequest) (*driverpb.Empty, error) {
@@ -381,7 +409,7 @@ func (s *server) SendTestEvent(ctx context.Context, req *driverpb.TestEventReque
 	if err != nil {
 		return nil, err
 	}
-	return &driverpb.Empty{}, toStatus(e.SendTestEvent(ctx, TestEvent{EventType: req.EventType, MessageID: req.MessageId, Message: req.Message, Severity: req.Severity}))
+	return &driverpb.Empty{}, s.fail(req.Session, e.SendTestEvent(ctx, TestEvent{EventType: req.EventType, MessageID: req.MessageId, Message: req.Message, Severity: req.Severity}))
 }
 
 func subToPB(s Subscription) *driverpb.Subscription {
