@@ -437,13 +437,14 @@ func (a *Agent) console(openCtx, linkCtx context.Context, cc *grpc.ClientConn, o
 	}
 }
 
-// scrub removes a password from an error message: drivers should never echo
-// one; this makes sure.
-func scrub(err error, password string) error {
-	if err == nil || password == "" || !strings.Contains(err.Error(), password) {
-		return err
-	}
-	return sdk.Errorf(sdk.ClassOf(err), "%s", strings.ReplaceAll(err.Error(), password, "[redacted]"))
+// scrub removes secrets (a BMC password, header values) from an error
+// message before it leaves the agent. Drivers never echo one and the SDK's
+// plugin server strips them already; this is the backstop, with
+// sdk.RedactError's rules: a long secret is replaced, a message holding a
+// short one as a word is withheld whole, so a short password is never
+// revealed by where a marker stands.
+func scrub(err error, secrets ...string) error {
+	return sdk.RedactError(err, secrets...)
 }
 
 // execute runs one operation through the plugin host.
