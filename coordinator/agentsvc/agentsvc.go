@@ -261,7 +261,7 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 	// dropping packets) keeps its TCP connection, so Recv would block until
 	// the transport's keepalive gives up. Silence for lostAfter heartbeats
 	// ends the stream instead, failing its operations in flight at once.
-	tick := time.NewTicker(s.cfg.Heartbeat / 4)
+	tick := time.NewTicker(max(s.cfg.Heartbeat/4, time.Millisecond))
 	defer tick.Stop()
 	for {
 		select {
