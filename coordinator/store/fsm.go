@@ -29,9 +29,9 @@ const ExitUnappliableEntry = 65
 // committed entry; docs/operations.md has the steps.
 const RecoveryHelp = "if the other members run a newer obmesh, upgrade this coordinator and start it again; " +
 	"if only this member fails, stop it, move its data_dir aside and start it again: it rejoins through retry_join " +
-	"and the leader sends it a snapshot; if every member fails at this entry, start one member on an empty data_dir " +
-	"and restore the last saved snapshot (obmesh snapshot save output, or DATA_DIR/snapshots/*/state.bin) with " +
-	"obmesh snapshot restore, then rejoin the others with empty data_dirs. " +
+	"and the leader sends it a snapshot; if every member stops at this entry, move every member's data_dir aside, " +
+	"start the group fresh as on its first day and restore the last saved snapshot (an obmesh snapshot save file, " +
+	"or the newest DATA_DIR/snapshots/*/state.bin) with obmesh snapshot restore. " +
 	"See \"A member that cannot apply the log\" in docs/operations.md"
 
 // Apply applies a committed entry. Entries that decode but are invalid are
