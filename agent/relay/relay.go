@@ -88,7 +88,8 @@
 // memory only and never written to disk) and dead letters survive. After the
 // first SetNodes, queues of subscribers no longer configured are dropped.
 // Counters in Stats are since the process started; Pending and the
-// dead-letter count reflect the store.
+// dead-letter count reflect the store (they follow a commit by a moment, so
+// DeadLetters may briefly list an entry Stats does not count yet).
 //
 // # Secrets
 //
