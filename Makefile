@@ -49,7 +49,7 @@ proto: ## regenerate protobuf code (needs protoc; installs the Go generators)
 		coordinator/cluster/clusterpb/cluster.proto
 
 bench: ## run the benchmarks (latency through the whole path vs in-process)
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/systemtest/ ./plugins/...
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/systemtest/ ./plugins/... ./agent/relay/
 
 fuzz: ## fuzz the state machine for FUZZTIME (default 30s) per target
 	$(GO) test -run '^$$' -fuzz FuzzApplyDeterminism -fuzztime $${FUZZTIME:-30s} ./coordinator/state
