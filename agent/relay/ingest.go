@@ -66,7 +66,7 @@ func (r *Relay) receive(w http.ResponseWriter, req *http.Request) error {
 		}
 		return errBadRequestURI
 	}
-	st, ok := r.running_()
+	st, ok := r.live()
 	if !ok || st == nil {
 		return ErrUnavailable
 	}

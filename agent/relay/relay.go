@@ -17,7 +17,8 @@
 // Answers are chosen so that the BMC never burns its retry budget on
 // something a retry cannot fix:
 //
-//   - 204 once the raw event is committed to the durable queue (bbolt, fsync);
+//   - 204 once the event's records, as received, are committed to the durable
+//     queue (bbolt, fsync);
 //   - 204 too for an authenticated payload the parser cannot read: it is
 //     quarantined (Quarantine) and counted (NodeStats.Malformed);
 //   - 401 (and the connection is closed) for an unknown token, 405 for a
@@ -34,7 +35,7 @@
 //
 // # Parsing
 //
-// The parser is tolerant of what BMCs really send (spec §4.7, §9.5): a root
+// The parser is tolerant of what BMCs are known to send: a root
 // "Events" array, an "Events" object (Foxconn Paradise), "Alerts", or a flat
 // record (iDRAC 8); Context at the root or in records; OriginOfCondition as a
 // link, a string or an expanded resource; MessageSeverity falling back to
@@ -715,7 +716,7 @@ func (r *Relay) nodeStat(name string, f func(*NodeStats)) {
 	f(ns)
 }
 
-func (r *Relay) running_() (*store, bool) {
+func (r *Relay) live() (*store, bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.st, r.running
@@ -724,7 +725,7 @@ func (r *Relay) running_() (*store, bool) {
 // DeadLetters lists a subscriber's dead letters, oldest first. It returns
 // nil when the relay is not running or the subscriber is unknown.
 func (r *Relay) DeadLetters(subID string) []DeadLetter {
-	st, ok := r.running_()
+	st, ok := r.live()
 	if !ok {
 		return nil
 	}
@@ -741,7 +742,7 @@ func (r *Relay) DeadLetters(subID string) []DeadLetter {
 // when ids is empty. It returns how many were queued; entries that do not fit
 // in the queue stay dead and the error wraps ErrQueueFull.
 func (r *Relay) Replay(subID string, ids []string) (int, error) {
-	st, ok := r.running_()
+	st, ok := r.live()
 	if !ok {
 		return 0, ErrNotRunning
 	}
@@ -757,7 +758,7 @@ func (r *Relay) Replay(subID string, ids []string) (int, error) {
 // Quarantine lists the most recent payloads the parser could not read,
 // oldest first (nil when not running).
 func (r *Relay) Quarantine() []Quarantined {
-	st, ok := r.running_()
+	st, ok := r.live()
 	if !ok {
 		return nil
 	}
