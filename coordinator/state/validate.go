@@ -44,30 +44,38 @@ const (
 // answer (and with it the outcome of every log entry) cannot change with the
 // Unicode version of the Go release a coordinator is built with.
 func UnsafeRune(r rune) bool {
-	switch {
-	case r < 0x20, r >= 0x7f && r <= 0x9f: // C0, DEL, C1
-		return true
-	case r == 0x00ad, // soft hyphen
-		r == 0x034f,              // combining grapheme joiner
-		r == 0x061c,              // arabic letter mark
-		r == 0x115f, r == 0x1160, // hangul fillers
-		r == 0x17b4, r == 0x17b5, // khmer inherent vowels
-		r >= 0x180b && r <= 0x180f,   // mongolian variation selectors, vowel separator
-		r >= 0x200b && r <= 0x200f,   // zero-width space, ZWNJ, ZWJ, LRM, RLM
-		r >= 0x2028 && r <= 0x202e,   // line/paragraph separators, LRE, RLE, PDF, LRO, RLO
-		r >= 0x2060 && r <= 0x206f,   // word joiner, invisible operators, LRI, RLI, FSI, PDI, deprecated
-		r == 0x3164,                  // hangul filler
-		r >= 0xfe00 && r <= 0xfe0f,   // variation selectors
-		r == 0xfeff,                  // byte order mark / zero-width no-break space
-		r == 0xffa0,                  // halfwidth hangul filler
-		r >= 0xfff9 && r <= 0xfffb,   // interlinear annotation controls
-		r >= 0xfdd0 && r <= 0xfdef,   // noncharacters
-		r&0xfffe == 0xfffe,           // noncharacters U+xxFFFE, U+xxFFFF
-		r >= 0xe0000 && r <= 0xe007f, // tag characters
-		r >= 0xe0100 && r <= 0xe01ef: // variation selectors supplement
+	if r&0xfffe == 0xfffe { // noncharacters U+xxFFFE and U+xxFFFF
 		return true
 	}
+	for _, x := range unsafeRanges {
+		if r >= x[0] && r <= x[1] {
+			return true
+		}
+	}
 	return false
+}
+
+// unsafeRanges are the code points UnsafeRune refuses, first to last.
+var unsafeRanges = [...][2]rune{
+	{0x0000, 0x001f},   // C0 controls
+	{0x007f, 0x009f},   // DEL, C1 controls
+	{0x00ad, 0x00ad},   // soft hyphen
+	{0x034f, 0x034f},   // combining grapheme joiner
+	{0x061c, 0x061c},   // arabic letter mark
+	{0x115f, 0x1160},   // hangul fillers
+	{0x17b4, 0x17b5},   // khmer inherent vowels
+	{0x180b, 0x180f},   // mongolian variation selectors, vowel separator
+	{0x200b, 0x200f},   // zero-width space, ZWNJ, ZWJ, LRM, RLM
+	{0x2028, 0x202e},   // line and paragraph separators, LRE, RLE, PDF, LRO, RLO
+	{0x2060, 0x206f},   // word joiner, invisible operators, LRI, RLI, FSI, PDI, deprecated format
+	{0x3164, 0x3164},   // hangul filler
+	{0xfdd0, 0xfdef},   // noncharacters
+	{0xfe00, 0xfe0f},   // variation selectors
+	{0xfeff, 0xfeff},   // byte order mark (zero-width no-break space)
+	{0xffa0, 0xffa0},   // halfwidth hangul filler
+	{0xfff9, 0xfffb},   // interlinear annotation controls
+	{0xe0000, 0xe007f}, // tag characters
+	{0xe0100, 0xe01ef}, // variation selectors supplement
 }
 
 // CheckText returns nil when s is valid UTF-8 without an UnsafeRune, and
