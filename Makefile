@@ -11,7 +11,7 @@ SHELL    := /bin/bash
 
 .DEFAULT_GOAL := help
 
-.PHONY: help build run test test-short test-hil lint proto bench fuzz clean deps
+.PHONY: help build run test test-short test-hil lint proto bench fuzz fuzz-short clean deps
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -27,6 +27,7 @@ deps: ## install the Debian packages the tests use (when missing)
 
 test: deps build ## run every test: Go (under the race detector) and the HIL-client suite
 	GORACE=halt_on_error=1 $(GO) test -race -count=1 -timeout 20m -json ./... | $(PYTHON) scripts/gotest-report.py
+	@$(MAKE) --no-print-directory fuzz-short
 	OBMD_BIN=$(CURDIR)/$(BIN)/obmd $(PYTHON) -m pytest -q -p no:cacheprovider tests/hil
 
 test-hil: build ## the HIL-client suite only (Python, Debian's pytest and requests)
@@ -51,10 +52,20 @@ proto: ## regenerate protobuf code (needs protoc; installs the Go generators)
 bench: ## run the benchmarks (latency through the whole path vs in-process)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/systemtest/ ./plugins/... ./agent/relay/
 
-fuzz: ## fuzz the state machine for FUZZTIME (default 30s) per target
-	$(GO) test -run '^$$' -fuzz FuzzApplyDeterminism -fuzztime $${FUZZTIME:-30s} ./coordinator/state
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $${FUZZTIME:-30s} ./coordinator/state
-	$(GO) test -run '^$$' -fuzz '^FuzzRestore$$' -fuzztime $${FUZZTIME:-30s} ./coordinator/state
+# Fuzz targets as package:Target. Their seed corpora (f.Add and testdata/fuzz)
+# run as ordinary tests; make test also fuzzes each for FUZZTIME_SHORT.
+FUZZ_TARGETS := ./coordinator/state:FuzzApplyDeterminism ./coordinator/state:FuzzDecode \
+	./coordinator/state:FuzzRestore ./coordinator/apiserver:FuzzNativeAPI ./hilproxy:FuzzOBMDAPI
+FUZZTIME_SHORT ?= 5s
+
+fuzz: ## fuzz every target for FUZZTIME (default 30s) each
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($${t%%:*}) for $${FUZZTIME:-30s}"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $${FUZZTIME:-30s} -parallel 2 $${t%%:*}; \
+	done
+
+fuzz-short: ## fuzz every target briefly (FUZZTIME_SHORT, default 5s); part of make test
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_SHORT)
 
 clean: ## remove build output
 	rm -rf $(BIN)

@@ -228,6 +228,7 @@ var failureCodes = map[string]struct {
 	"plugin":           {http.StatusBadGateway, api.CodePluginFailed},
 	"internal":         {http.StatusInternalServerError, api.CodeDriverError},
 	"no_agent":         {http.StatusServiceUnavailable, api.CodeNoAgent},
+	"no_leader":        {http.StatusServiceUnavailable, api.CodeNoLeader},
 	"outcome_unknown":  {http.StatusGatewayTimeout, api.CodeOutcomeUnknown},
 	"rejected":         {http.StatusConflict, api.CodeStaleEpoch},
 }
