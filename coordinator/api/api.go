@@ -188,6 +188,8 @@ const (
 	CodeBMCBusy         = "bmc_busy"
 	CodeBMCPrivilege    = "bmc_insufficient_privilege"
 	CodeBMCProtocol     = "bmc_protocol_error"
+	CodeBMCQuota        = "bmc_quota_exceeded" // the BMC has no room for another (event subscription) resource
+	CodeBMCConflict     = "bmc_conflict"       // the BMC refused a duplicate (e.g. an event destination it already has)
 	CodeTimeout         = "timeout"
 	CodeRequestTimeout  = "request_timeout" // the request's body did not arrive in time
 	CodePluginFailed    = "plugin_failed"

@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -88,6 +89,9 @@ type Server struct {
 	members   Membership
 	logger    *slog.Logger
 	mux       *http.ServeMux
+
+	evMu   sync.Mutex
+	events Events
 }
 
 // New returns the API handler.
@@ -111,6 +115,7 @@ func New(cfg Config, st Store, op Operator, agents Agents, nodes *ops.Registry, 
 	s.handle("DELETE /v1/operator/raft/peers/{id}", s.removePeer)
 	s.handle("GET /v1/operator/snapshot", s.snapshotSave)
 	s.handle("POST /v1/operator/snapshot", s.snapshotRestore)
+	s.eventRoutes()
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		if !s.authorized(r) {
 			unauthorized(w)
@@ -229,6 +234,8 @@ var failureCodes = map[string]struct {
 	"internal":         {http.StatusInternalServerError, api.CodeDriverError},
 	"no_agent":         {http.StatusServiceUnavailable, api.CodeNoAgent},
 	"no_leader":        {http.StatusServiceUnavailable, api.CodeNoLeader},
+	"quota_exceeded":   {http.StatusConflict, api.CodeBMCQuota},
+	"already_exists":   {http.StatusConflict, api.CodeBMCConflict},
 	"outcome_unknown":  {http.StatusGatewayTimeout, api.CodeOutcomeUnknown},
 	"rejected":         {http.StatusConflict, api.CodeStaleEpoch},
 }

@@ -39,6 +39,7 @@ func (noAgents) Connected() []agentsvc.AgentStatus { return nil }
 
 type fixture struct {
 	srv   *httptest.Server
+	api   *Server
 	st    *store.Store
 	ops   []*agentpb.Operation
 	reply func(op *agentpb.Operation) (agentsvc.Result, error)
@@ -84,7 +85,8 @@ func newFixture(t *testing.T) *fixture {
 		return f.reply(op)
 	})
 	runner := ops.New(ops.Config{}, st.State(), keys, disp, st, st, logging.Discard())
-	f.srv = httptest.NewServer(New(Config{AdminToken: token}, st, runner, noAgents{}, ops.NewRegistry(st, keys, ""), nil, logging.Discard()))
+	f.api = New(Config{AdminToken: token}, st, runner, noAgents{}, ops.NewRegistry(st, keys, ""), nil, logging.Discard())
+	f.srv = httptest.NewServer(f.api)
 	t.Cleanup(f.srv.Close)
 	return f
 }

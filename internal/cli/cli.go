@@ -215,5 +215,5 @@ func table(w io.Writer, header string, rows [][]string) {
 // Commands returns the operator command groups: node, power, boot,
 // agent (list), operation.
 func Commands() []*Command {
-	return []*Command{nodeCommand(), powerCommand(), bootCommand(), agentListCommand(), operationCommand(), consoleCommand(), operatorCommand(), snapshotCommand()}
+	return []*Command{nodeCommand(), powerCommand(), bootCommand(), agentListCommand(), operationCommand(), consoleCommand(), operatorCommand(), snapshotCommand(), subscriptionCommand(), eventsCommand()}
 }
