@@ -1,7 +1,11 @@
 // Package tlsutil creates the certificate authority and certificates of the
 // agent link and builds the mutual-TLS configurations both ends use. A
 // certificate's role (agent or coordinator) is in its organizational unit;
-// its common name is the agent id or coordinator name.
+// its common name is the agent id or coordinator name. The same CA can also
+// issue the HTTPS API's server certificate (role api: server
+// authentication only, so it can never act as an agent or a coordinator on
+// the link), and CertHosts/CheckHost tell whether a certificate covers the
+// address peers dial.
 //
 // # Sites in agent certificates
 //
@@ -50,6 +54,9 @@ type Role string
 const (
 	RoleAgent       Role = "obmesh-agent"
 	RoleCoordinator Role = "obmesh-coordinator"
+	// RoleAPI is the HTTPS API's server certificate: it authenticates
+	// servers only and is refused on the agent link and by Raft.
+	RoleAPI Role = "obmesh-api"
 )
 
 // CAFiles are the file names CreateCA writes in its directory.
@@ -160,8 +167,11 @@ func FileSites(path string) ([]string, error) {
 // CreateCert issues a certificate signed by the CA in caDir and writes
 // certPath and keyPath (mode 0600 for the key).
 func CreateCert(caDir string, req CertRequest, certPath, keyPath string) error {
-	if req.Role != RoleAgent && req.Role != RoleCoordinator {
+	if req.Role != RoleAgent && req.Role != RoleCoordinator && req.Role != RoleAPI {
 		return fmt.Errorf("tls: unknown role %q", req.Role)
+	}
+	if req.Role == RoleAPI && len(req.Hosts) == 0 {
+		return errors.New("tls: an API certificate needs hosts (-hosts): the names and addresses clients use to reach the API")
 	}
 	if req.Name == "" {
 		return errors.New("tls: a certificate needs a name")
@@ -198,13 +208,19 @@ func CreateCert(caDir string, req CertRequest, certPath, keyPath string) error {
 			tmpl.URIs = append(tmpl.URIs, siteURI(site))
 		}
 	}
-	if req.Role == RoleCoordinator {
+	if req.Role == RoleAPI {
+		tmpl.ExtKeyUsage = nil // a server certificate only
+	}
+	if req.Role == RoleCoordinator || req.Role == RoleAPI {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
 		hosts := req.Hosts
 		if len(hosts) == 0 {
 			hosts = []string{"localhost", "127.0.0.1", "::1"}
 		}
 		for _, h := range hosts {
+			if !validHost(h) {
+				return fmt.Errorf("tls: host %q is neither an IP address nor a DNS name (give hosts without ports or schemes)", h)
+			}
 			if ip := net.ParseIP(h); ip != nil {
 				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
 			} else {
