@@ -5,7 +5,35 @@
 //
 // Fencing: every operation carries the leader's epoch. The agent remembers
 // the highest epoch it has seen and refuses operations from an older one, so
-// an operation handed out by a deposed leader is never carried out.
+// an operation handed out by a deposed leader is never carried out. Event
+// subscription operations (event_*) and relay operations (relay_*) are
+// fenced the same way.
+//
+// # The event relay
+//
+// With [relay] configured the agent runs the BMC event relay (package
+// agent/relay) as a goroutine it owns, and announces the relay's URL and
+// certificate fingerprint in its Hello once the relay listens. Over the
+// link:
+//
+//   - RelayConfig messages from the coordinator replace the relay's nodes
+//     and subscribers (relay.SetNodes); they are applied in order by one
+//     goroutine, the latest winning when several arrive at once.
+//   - A RelayReport with the relay's totals goes out when a link comes up,
+//     then every ReportInterval (about 2 s) when they changed; notices (a
+//     BMC's event service restarted, a heartbeat) go out at once in a
+//     report with the current totals.
+//   - Every event the relay accepts is forwarded as a RelayEvent for the
+//     coordinator's live stream. Forwarding never slows the relay: events
+//     wait in a bounded buffer (relay.Watch) and are dropped and counted
+//     when the link cannot keep up or is down; they are a live view, the
+//     relay itself delivers every event to the subscribers.
+//   - relay_dead_letters and relay_replay operations act on the relay's
+//     dead-letter lists.
+//
+// A relay that cannot start fails Run. One that fails later is logged; the
+// agent reconnects and announces no relay URL, so the coordinator moves the
+// BMC subscriptions to another agent's relay.
 package agent
 
 import (
@@ -31,6 +59,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/obmesh/obmesh/agent/pluginhost"
+	"github.com/obmesh/obmesh/agent/relay"
 	"github.com/obmesh/obmesh/internal/agentpb"
 	"github.com/obmesh/obmesh/internal/tlsutil"
 	"github.com/obmesh/obmesh/plugins/sdk"
@@ -57,6 +86,17 @@ type Agent struct {
 	late     []*agentpb.AgentMessage
 	opsMu    sync.Mutex
 	inflight map[string]context.CancelFunc
+
+	// The event relay; nil when [relay] is off. relayUp is true while it
+	// runs (announced in hellos).
+	relay      *relay.Relay
+	relayUp    atomic.Bool
+	relayMu    sync.Mutex
+	relayNext  *agentpb.RelayConfig // the latest configuration not yet applied
+	relayKick  chan struct{}        // capacity 1: relayNext was set
+	relayVer   atomic.Uint64        // version of the configuration applied last
+	sessMu     sync.Mutex
+	sessCancel context.CancelFunc // ends the current link (to announce a change)
 }
 
 // maxLate bounds the results kept for the next link.
@@ -118,8 +158,17 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	logger = logger.With("agent", cfg.ID)
-	return &Agent{cfg: cfg, logger: logger, inflight: map[string]context.CancelFunc{},
-		host: pluginhost.New(pluginhost.Config{Commands: cmds, RestartBackoff: cfg.Plugins.RestartBackoff.D()}, logger)}, nil
+	a := &Agent{cfg: cfg, logger: logger, inflight: map[string]context.CancelFunc{}, relayKick: make(chan struct{}, 1),
+		host: pluginhost.New(pluginhost.Config{Commands: cmds, RestartBackoff: cfg.Plugins.RestartBackoff.D()}, logger)}
+	if cfg.Relay.Enabled() {
+		r, err := relay.New(relay.Config{Listen: cfg.Relay.Listen, Advertise: cfg.Relay.Advertise,
+			CertFile: cfg.Relay.CertFile, KeyFile: cfg.Relay.KeyFile, DataDir: cfg.Relay.DataDir}, logger.With("component", "relay"))
+		if err != nil {
+			return nil, fmt.Errorf("agent config: %w", err)
+		}
+		a.relay = r
+	}
+	return a, nil
 }
 
 // Drivers lists the agent's plugins.
@@ -142,11 +191,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	hctx, hcancel := context.WithCancel(context.Background())
 	wg.Go(func() { a.host.Run(hctx) })
+	// The relay outlives the links (it stops after them, when Run returns):
+	// BMCs keep posting while the agent looks for a leader.
+	rctx, rcancel := context.WithCancel(context.Background())
 	defer func() {
 		a.opsWG.Wait() // operations end with ctx (their parent) before the plugins stop
+		rcancel()
 		hcancel()
 		wg.Wait()
 	}()
+	if a.relay != nil {
+		if err := a.startRelay(ctx, rctx, &wg); err != nil {
+			return err
+		}
+	}
 
 	backoff := a.cfg.Link.BackoffMin.D()
 	next := ""
@@ -222,6 +280,15 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 	defer cc.Close()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	a.sessMu.Lock()
+	a.sessCancel = cancel
+	a.sessMu.Unlock()
+	defer func() {
+		a.sessMu.Lock()
+		a.sessCancel = nil
+		a.sessMu.Unlock()
+	}()
+	relayOn := a.relay != nil && a.relayUp.Load()
 	stream, err := agentpb.NewAgentLinkClient(cc).Connect(sctx)
 	if err != nil {
 		return false, err
@@ -233,6 +300,9 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 		return stream.Send(m)
 	}
 	hello := &agentpb.Hello{AgentId: a.cfg.ID, Sites: a.cfg.Sites, Version: Version, HighestEpoch: a.highestEpoch.Load()}
+	if relayOn {
+		hello.RelayUrl, hello.RelayFingerprint = a.relay.URL(), a.relay.Fingerprint()
+	}
 	for _, d := range a.host.Drivers() {
 		hello.Drivers = append(hello.Drivers, &agentpb.Driver{Name: d.Name, Version: d.Version})
 	}
@@ -266,6 +336,10 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 	defer cancel() // runs before wg.Wait: ends heartbeats and consoles
 	a.attach(send)
 	defer a.detach()
+	if relayOn {
+		wg.Go(func() { a.reportRelay(sctx, send, cancel) })
+		wg.Go(func() { a.forwardEvents(sctx, send, cancel) })
+	}
 	hb := time.Duration(w.HeartbeatIntervalMs) * time.Millisecond
 	if hb <= 0 {
 		hb = 2 * time.Second
@@ -334,6 +408,8 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 				}()
 				a.deliver(a.execute(octx, op))
 			})
+		case m.GetRelayConfig() != nil:
+			a.queueRelayConfig(m.GetRelayConfig())
 		case m.GetCancel() != nil:
 			a.opsMu.Lock()
 			if c, ok := a.inflight[m.GetCancel().Id]; ok {
@@ -447,9 +523,13 @@ func scrub(err error, secrets ...string) error {
 	return sdk.RedactError(err, secrets...)
 }
 
-// execute runs one operation through the plugin host.
+// execute runs one operation through the plugin host (or, for relay_*
+// actions, against the relay).
 func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.AgentMessage {
 	start := time.Now()
+	if isRelayAction(op.Action) {
+		return a.executeRelay(op, start)
+	}
 	pn := op.GetNode()
 	if pn == nil {
 		return result(op.Id, start, 0, sdk.Errorf(sdk.ClassInvalid, "operation without a node"), nil)
@@ -458,6 +538,7 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 	var pluginTime time.Duration
 	var status *sdk.PowerStatus
 	var ident map[string]string
+	var ev *agentpb.EventResult
 	err := a.host.Do(ctx, pn.Driver, n, func(ctx context.Context, b sdk.BMC) error {
 		t0 := time.Now()
 		defer func() { pluginTime = time.Since(t0) }()
@@ -496,14 +577,22 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 			}
 			return s.SetBootDevice(ctx, sdk.BootDevice(op.BootDevice), sdk.BootOptions{Persistent: op.Persistent, EFI: op.Efi})
 		}
+		if isEventAction(op.Action) {
+			var err error
+			ev, err = eventCall(ctx, b, op.Action, op.GetEvent())
+			return err
+		}
 		return sdk.Errorf(sdk.ClassInvalid, "unknown action %q", op.Action)
 	})
-	err = scrub(err, pn.Password)
+	err = scrub(err, eventSecrets(op.GetEvent(), pn.Password)...)
 	a.logger.Info("operation", "op", op.Id, "node", pn.Name, "action", op.Action, "ok", err == nil, "class", sdk.ClassOf(err))
 	m := result(op.Id, start, pluginTime, err, status)
 	if err == nil {
 		m.GetResult().Identity = ident
 	}
+	// An event result goes back even with an error: a failed subscribe
+	// still reports whether it may have happened and the quirks learned.
+	m.GetResult().Event = ev
 	return m
 }
 

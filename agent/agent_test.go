@@ -24,6 +24,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	serveRedfishIfPlugin() // relay_test.go
 	sdktest.ServeIfPlugin(mock.New())
 	os.Exit(m.Run())
 }

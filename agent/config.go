@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"os/exec"
 	"time"
 
@@ -23,6 +24,7 @@ type Config struct {
 	TLS     TLSConfig     `toml:"tls"`
 	Plugins PluginsConfig `toml:"plugins"`
 	Link    LinkConfig    `toml:"link"`
+	Relay   RelayConfig   `toml:"relay"`
 
 	// PluginCommand makes the command that runs a built-in driver; nil
 	// means re-executing this binary as "obmesh plugin <name>".
@@ -58,6 +60,34 @@ type LinkConfig struct {
 	BackoffMin config.Duration `toml:"backoff_min"`
 	BackoffMax config.Duration `toml:"backoff_max"`
 }
+
+// RelayConfig configures the agent's BMC event relay (package agent/relay):
+// the HTTPS listener Redfish BMCs post their events to. The relay is off
+// when Listen is empty (the other keys are then ignored).
+type RelayConfig struct {
+	// Listen is the relay's listen address, e.g. ":8443".
+	Listen string `toml:"listen"`
+	// Advertise is the base URL BMCs are told (https://host:port); empty
+	// derives it from the bound address.
+	Advertise string `toml:"advertise"`
+	// CertFile and KeyFile are the listener's certificate; empty generates
+	// a self-signed one into DataDir, kept across restarts.
+	CertFile string `toml:"cert_file"`
+	KeyFile  string `toml:"key_file"`
+	// DataDir holds the relay's durable queue; required with Listen.
+	DataDir string `toml:"data_dir"`
+
+	// ReportInterval is how often relay totals are reported to the
+	// coordinator when they changed; zero means 2s. Not in the file: tests
+	// shorten it.
+	ReportInterval time.Duration `toml:"-"`
+	// EventBuffer bounds the events waiting to be forwarded on the link;
+	// beyond it events are dropped (and counted). Zero means 256.
+	EventBuffer int `toml:"-"`
+}
+
+// Enabled reports whether the relay runs.
+func (r RelayConfig) Enabled() bool { return r.Listen != "" }
 
 // Builtins is the set of built-in drivers.
 var Builtins = []string{"ipmi", "redfish", "mock", "dummy"}
@@ -107,6 +137,19 @@ func (c *Config) Validate() error {
 	}
 	if c.Link.BackoffMin.D() <= 0 || c.Link.BackoffMax.D() < c.Link.BackoffMin.D() || c.Link.DialTimeout.D() <= 0 {
 		errs = append(errs, errors.New("link: dial_timeout and backoff_min must be positive and backoff_max >= backoff_min"))
+	}
+	if r := c.Relay; r.Enabled() {
+		if r.DataDir == "" {
+			errs = append(errs, errors.New("relay.data_dir is required when relay.listen is set"))
+		}
+		if (r.CertFile == "") != (r.KeyFile == "") {
+			errs = append(errs, errors.New("relay.cert_file and relay.key_file go together (or leave both empty for a generated certificate)"))
+		}
+		if r.Advertise != "" {
+			if u, err := url.Parse(r.Advertise); err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+				errs = append(errs, fmt.Errorf("relay.advertise %q must be an https URL such as https://10.0.0.5:8443", r.Advertise))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
