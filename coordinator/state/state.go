@@ -110,6 +110,11 @@ type Agent struct {
 	Sites   []string     `json:"sites"`
 	Drivers []DriverInfo `json:"drivers"`
 	Version string       `json:"version"`
+	// RelayURL is the base URL of the agent's event relay and
+	// RelayFingerprint the SHA-256 of its certificate, as announced; empty
+	// when the agent runs no relay.
+	RelayURL         string `json:"relay_url,omitempty"`
+	RelayFingerprint string `json:"relay_fingerprint,omitempty"`
 	// FirstSeenUnixNano and LastConnectUnixNano are stamped by the leader.
 	FirstSeenUnixNano   int64  `json:"first_seen_unix_nano"`
 	LastConnectUnixNano int64  `json:"last_connect_unix_nano"`

@@ -236,6 +236,10 @@ func ValidateAgent(a Agent) error {
 	if len(a.Version) > maxVersionBytes || CheckText("", a.Version) != nil {
 		return invalid("agent %s: version %s is invalid", q(a.ID), q(a.Version))
 	}
+	if len(a.RelayURL) > maxMemberAddrBytes || CheckText("", a.RelayURL) != nil ||
+		len(a.RelayFingerprint) > maxVersionBytes || CheckText("", a.RelayFingerprint) != nil {
+		return invalid("agent %s: relay URL or fingerprint is invalid", q(a.ID))
+	}
 	return nil
 }
 
