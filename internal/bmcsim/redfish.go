@@ -48,6 +48,47 @@ type RedfishQuirks struct {
 	// NotReadyAfterOff: for this long after a power-off completes, power
 	// actions are refused with 409 ("not ready yet").
 	NotReadyAfterOff time.Duration
+
+	// AsyncPower makes power actions asynchronous, as iLO does: an
+	// accepted action answers 200 at once and takes effect only after
+	// TransitionDelay, with no PoweringOn/PoweringOff in between (On shows
+	// On until it is Off); a restart (ForceRestart, GracefulRestart,
+	// PowerCycle) shows a plain Off for TransitionDelay, then On. While a
+	// transition runs, every action is answered 200 and ignored (logged as
+	// "<system> <ResetType> ignored").
+	AsyncPower bool
+	// SessionBasicAuth: POST SessionService/Sessions requires valid HTTP
+	// Basic credentials too (401 without them), as some BMCs do.
+	// SessionsRefused: it answers 401 to everyone (sessions are off for
+	// the account; Basic auth still works).
+	SessionBasicAuth bool
+	SessionsRefused  bool
+	// UnauthorizedCollections: every GET of a resource collection answers
+	// 401 NoValidSession, whoever asks (gofish wraps such an answer in a
+	// "failed to retrieve some items" error).
+	UnauthorizedCollections bool
+	// ResetTypes limits the ResetType@Redfish.AllowableValues of systems
+	// (by Id or @odata.id): they are shown and enforced (400
+	// ActionParameterValueNotInList for others). ResetActionInfo shows
+	// each system's reset parameters through @Redfish.ActionInfo (an
+	// ActionInfo resource) instead of inline AllowableValues.
+	ResetTypes      map[string][]string
+	ResetActionInfo bool
+	// BootModeAbsent: systems do not have BootSourceOverrideMode (a PATCH
+	// naming it is refused with 400 PropertyUnknown). Without it, every
+	// system has the property, "UEFI" where the mockup has none.
+	BootModeAbsent bool
+	// OneManager serves the mockup with one manager (its first) managing
+	// every system, as a multi-blade enclosure's BMC does (use it with
+	// the public-bladed mockup).
+	OneManager bool
+	// SessionTimeout expires a session that has not been used for this
+	// long: its token gets 401 and it is gone from the collection. Zero
+	// means sessions never expire.
+	SessionTimeout time.Duration
+	// LoginDelay holds the answer to a session create this long (the
+	// session exists meanwhile), for clients whose deadline passes first.
+	LoginDelay time.Duration
 }
 
 // RedfishConfig configures a simulated Redfish BMC.
@@ -86,6 +127,8 @@ type Redfish struct {
 	sessions        map[string]*rfSession // by token
 	sessionsCreated int
 	ops             []Op
+	requests        []RedfishRequest // the last maxRequestLog
+	requestCount    int
 
 	subs        []*rfSub
 	nextSub     int
@@ -103,18 +146,30 @@ type Redfish struct {
 }
 
 type rfSystem struct {
-	power    string // On, Off
-	target   string // state being moved to, "" if settled
-	until    time.Time
-	offSince time.Time
-	resets   int
-	boot     map[string]any
-	allowed  []string
+	power     string // On, Off
+	target    string // state being moved to, "" if settled
+	until     time.Time
+	offSince  time.Time
+	resets    int
+	lastReset time.Time // shown as LastResetTime once set
+	boot      map[string]any
+	allowed   []string
 }
 
 type rfSession struct {
 	id, user string
+	lastUsed time.Time
 }
+
+// RedfishRequest is one request the BMC received.
+type RedfishRequest struct {
+	At     time.Time
+	Method string
+	Path   string
+}
+
+// maxRequestLog bounds the requests Requests returns.
+const maxRequestLog = 100000
 
 // mockupFS holds the DMTF mockups (BSD-3-Clause, redfishdata/LICENSE.md)
 // the simulator serves, so it needs nothing outside the repository.
@@ -168,6 +223,9 @@ func StartRedfish(cfg RedfishConfig) (*Redfish, error) {
 	r := &Redfish{cfg: cfg, docs: map[string]map[string]any{}, systems: map[string]*rfSystem{}, sessions: map[string]*rfSession{},
 		deliveryClient: &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, TLSHandshakeTimeout: 5 * time.Second}}}
 	if err := r.load(); err != nil {
+		return nil, err
+	}
+	if err := r.applyQuirks(); err != nil {
 		return nil, err
 	}
 	r.initEvents()
@@ -272,6 +330,138 @@ func (r *Redfish) load() error {
 
 func asSlice(v any) []any { s, _ := v.([]any); return s }
 
+// applyQuirks shapes the loaded documents after RedfishQuirks. Called once
+// at start, before serving.
+func (r *Redfish) applyQuirks() error {
+	q := r.cfg.Quirks
+	used := map[string]bool{}
+	for _, id := range r.sortedSystems() {
+		s, doc := r.systems[id], r.docs[id]
+		if q.BootModeAbsent {
+			delete(s.boot, "BootSourceOverrideMode")
+			delete(s.boot, "BootSourceOverrideMode@Redfish.AllowableValues")
+		} else if _, ok := s.boot["BootSourceOverrideMode"]; !ok {
+			s.boot["BootSourceOverrideMode"] = "UEFI"
+		}
+		actions, _ := doc["Actions"].(map[string]any)
+		reset, _ := actions["#ComputerSystem.Reset"].(map[string]any)
+		for _, key := range []string{id, pathpkg.Base(id)} {
+			if types, ok := q.ResetTypes[key]; ok {
+				used[key] = true
+				s.allowed = slices.Clone(types)
+				if reset != nil {
+					reset["ResetType@Redfish.AllowableValues"] = slices.Clone(types)
+				}
+			}
+		}
+		if q.ResetActionInfo && reset != nil {
+			info := id + "/ResetActionInfo"
+			delete(reset, "ResetType@Redfish.AllowableValues")
+			reset["@Redfish.ActionInfo"] = info
+			r.docs[info] = map[string]any{"@odata.id": info, "@odata.type": "#ActionInfo.v1_4_0.ActionInfo",
+				"Id": "ResetActionInfo", "Name": "Reset Action Info",
+				"Parameters": []any{map[string]any{"Name": "ResetType", "Required": true, "DataType": "String", "AllowableValues": slices.Clone(s.allowed)}}}
+		}
+	}
+	for key := range q.ResetTypes {
+		if !used[key] {
+			return fmt.Errorf("bmcsim: RedfishQuirks.ResetTypes names %q, which is not a system of the mockup", key)
+		}
+	}
+	if q.OneManager {
+		return r.oneManager()
+	}
+	return nil
+}
+
+// oneManager keeps the mockup's first manager and makes it the manager of
+// every system.
+func (r *Redfish) oneManager() error {
+	coll := r.docs["/redfish/v1/Managers"]
+	members := asSlice(coll["Members"])
+	if len(members) == 0 {
+		return fmt.Errorf("bmcsim: OneManager: the mockup has no managers")
+	}
+	first, _ := members[0].(map[string]any)["@odata.id"].(string)
+	for _, m := range members[1:] {
+		other, _ := m.(map[string]any)["@odata.id"].(string)
+		for k := range r.docs {
+			if k == other || strings.HasPrefix(k, other+"/") {
+				delete(r.docs, k)
+			}
+		}
+	}
+	coll["Members"], coll["Members@odata.count"] = members[:1], 1
+	mgr := r.docs[first]
+	links, _ := mgr["Links"].(map[string]any)
+	if links == nil {
+		links = map[string]any{}
+		mgr["Links"] = links
+	}
+	ref := func() []any { return []any{map[string]any{"@odata.id": first}} }
+	var servers []any
+	for _, id := range r.sortedSystems() {
+		servers = append(servers, map[string]any{"@odata.id": id})
+		sl, _ := r.docs[id]["Links"].(map[string]any)
+		if sl == nil {
+			sl = map[string]any{}
+			r.docs[id]["Links"] = sl
+		}
+		sl["ManagedBy"] = ref()
+	}
+	links["ManagerForServers"] = servers
+	for _, doc := range r.docs {
+		if t, _ := doc["@odata.type"].(string); strings.HasPrefix(t, "#Chassis.") {
+			if cl, ok := doc["Links"].(map[string]any); ok {
+				cl["ManagedBy"] = ref()
+			}
+		}
+	}
+	return nil
+}
+
+func (r *Redfish) sortedSystems() []string {
+	out := make([]string, 0, len(r.systems))
+	for id := range r.systems {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// isCollection reports whether path is a resource collection. Callers
+// hold mu.
+func (r *Redfish) isCollection(path string) bool {
+	if path == "/redfish/v1/SessionService/Sessions" || path == subsPath {
+		return true
+	}
+	t, _ := r.docs[path]["@odata.type"].(string)
+	return strings.Contains(t, "Collection.")
+}
+
+// Requests returns the requests the BMC received (the first 100,000),
+// oldest first.
+func (r *Redfish) Requests() []RedfishRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.requests)
+}
+
+// RequestCount counts every request the BMC received.
+func (r *Redfish) RequestCount() int { r.mu.Lock(); defer r.mu.Unlock(); return r.requestCount }
+
+// expireSessions forgets sessions idle past RedfishQuirks.SessionTimeout.
+// Callers hold mu.
+func (r *Redfish) expireSessions(now time.Time) {
+	if to := r.cfg.Quirks.SessionTimeout; to > 0 {
+		for tok, s := range r.sessions {
+			if now.Sub(s.lastUsed) > to {
+				delete(r.sessions, tok)
+			}
+		}
+	}
+}
+
 // SessionsCreated counts logins.
 func (r *Redfish) SessionsCreated() int { r.mu.Lock(); defer r.mu.Unlock(); return r.sessionsCreated }
 
@@ -283,8 +473,13 @@ func (r *Redfish) DropSessions() {
 	r.mu.Unlock()
 }
 
-// SessionsOpen counts sessions not logged out.
-func (r *Redfish) SessionsOpen() int { r.mu.Lock(); defer r.mu.Unlock(); return len(r.sessions) }
+// SessionsOpen counts sessions neither logged out nor expired.
+func (r *Redfish) SessionsOpen() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.expireSessions(time.Now())
+	return len(r.sessions)
+}
 
 // Systems lists the systems' @odata.ids.
 func (r *Redfish) Systems() []string {
@@ -309,6 +504,18 @@ func (r *Redfish) PowerState(system string) string {
 	return r.settle(s)
 }
 
+// Busy reports whether a system's power transition is in progress.
+func (r *Redfish) Busy(system string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.systems[system]
+	if s == nil {
+		return false
+	}
+	r.settle(s)
+	return s.target != ""
+}
+
 // Boot returns a system's boot override settings.
 func (r *Redfish) Boot(system string) map[string]any {
 	r.mu.Lock()
@@ -324,12 +531,16 @@ func (r *Redfish) Boot(system string) map[string]any {
 func (r *Redfish) Ops() []Op { r.mu.Lock(); defer r.mu.Unlock(); return append([]Op(nil), r.ops...) }
 
 // settle advances a transition whose time has come and returns the state
-// to report. Callers hold mu.
+// to report (with AsyncPower, the plain state until the transition ends).
+// Callers hold mu.
 func (r *Redfish) settle(s *rfSystem) string {
 	if s.target == "" {
 		return s.power
 	}
 	if time.Now().Before(s.until) {
+		if r.cfg.Quirks.AsyncPower {
+			return s.power
+		}
 		if s.target == "On" {
 			return "PoweringOn"
 		}
@@ -375,13 +586,21 @@ func rfError(w http.ResponseWriter, status int, id, msg string) {
 func (r *Redfish) authenticate(req *http.Request) (string, bool) {
 	if tok := req.Header.Get("X-Auth-Token"); tok != "" {
 		r.mu.Lock()
+		defer r.mu.Unlock()
+		now := time.Now()
+		r.expireSessions(now)
 		s, ok := r.sessions[tok]
-		r.mu.Unlock()
 		if ok {
+			s.lastUsed = now
 			return s.user, true
 		}
 		return "", false
 	}
+	return r.basicUser(req)
+}
+
+// basicUser checks a request's HTTP Basic credentials.
+func (r *Redfish) basicUser(req *http.Request) (string, bool) {
 	if u, p, ok := req.BasicAuth(); ok {
 		if acct, ok := r.cfg.Users[u]; ok && subtle.ConstantTimeCompare([]byte(acct.Password), []byte(p)) == 1 {
 			return u, true
@@ -392,9 +611,20 @@ func (r *Redfish) authenticate(req *http.Request) (string, bool) {
 
 func (r *Redfish) serve(w http.ResponseWriter, req *http.Request) {
 	path := strings.TrimSuffix(req.URL.Path, "/")
+	r.mu.Lock()
+	r.requestCount++
+	if len(r.requests) < maxRequestLog {
+		r.requests = append(r.requests, RedfishRequest{At: time.Now(), Method: req.Method, Path: path})
+	}
+	collection := req.Method == http.MethodGet && r.isCollection(path)
+	r.mu.Unlock()
 	public := path == "/redfish/v1" || path == "/redfish" || path == "/redfish/v1/odata" || path == "/redfish/v1/$metadata"
 	if req.Method == http.MethodPost && path == "/redfish/v1/SessionService/Sessions" {
 		r.login(w, req)
+		return
+	}
+	if collection && r.cfg.Quirks.UnauthorizedCollections {
+		rfError(w, http.StatusUnauthorized, "NoValidSession", "authentication required")
 		return
 	}
 	user, ok := r.authenticate(req)
@@ -444,6 +674,7 @@ func (r *Redfish) get(w http.ResponseWriter, path string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	doc, ok := r.docs[path]
+	r.expireSessions(time.Now())
 	if path == "/redfish/v1/SessionService/Sessions" {
 		members := []any{}
 		for _, s := range r.sessions {
@@ -476,6 +707,9 @@ func (r *Redfish) get(w http.ResponseWriter, path string) {
 			out[k] = v
 		}
 		out["PowerState"] = r.settle(s)
+		if !s.lastReset.IsZero() {
+			out["LastResetTime"] = s.lastReset.UTC().Format("2006-01-02T15:04:05.000Z07:00")
+		}
 		boot := map[string]any{}
 		for k, v := range s.boot {
 			boot[k] = v
@@ -489,16 +723,32 @@ func (r *Redfish) get(w http.ResponseWriter, path string) {
 
 func (r *Redfish) login(w http.ResponseWriter, req *http.Request) {
 	var body struct{ UserName, Password string }
-	if err := json.NewDecoder(io.LimitReader(req.Body, 1<<16)).Decode(&body); err != nil {
+	bodyErr := json.NewDecoder(io.LimitReader(req.Body, 1<<16)).Decode(&body)
+	q := r.cfg.Quirks
+	switch {
+	case q.SessionsRefused:
+		rfError(w, http.StatusUnauthorized, "NoValidSession", "sessions are not available to this account")
+		return
+	case q.SessionBasicAuth:
+		user, ok := r.basicUser(req)
+		if !ok || (bodyErr == nil && body.UserName != "" && body.UserName != user) {
+			w.Header().Set("WWW-Authenticate", `Basic realm="bmcsim"`)
+			rfError(w, http.StatusUnauthorized, "NoValidSession", "HTTP Basic credentials are required to create a session")
+			return
+		}
+		body.UserName = user
+	case bodyErr != nil:
 		rfError(w, http.StatusBadRequest, "MalformedJSON", "bad session request")
 		return
-	}
-	acct, ok := r.cfg.Users[body.UserName]
-	if !ok || subtle.ConstantTimeCompare([]byte(acct.Password), []byte(body.Password)) != 1 {
-		rfError(w, http.StatusUnauthorized, "NoValidSession", "invalid credentials")
-		return
+	default:
+		acct, ok := r.cfg.Users[body.UserName]
+		if !ok || subtle.ConstantTimeCompare([]byte(acct.Password), []byte(body.Password)) != 1 {
+			rfError(w, http.StatusUnauthorized, "NoValidSession", "invalid credentials")
+			return
+		}
 	}
 	r.mu.Lock()
+	r.expireSessions(time.Now())
 	if len(r.sessions) >= r.cfg.MaxSessions {
 		r.mu.Unlock()
 		rfError(w, http.StatusServiceUnavailable, "SessionLimitExceeded", "too many sessions")
@@ -509,8 +759,19 @@ func (r *Redfish) login(w http.ResponseWriter, req *http.Request) {
 	tok := hex.EncodeToString(raw[:])
 	r.sessionsCreated++
 	id := fmt.Sprint(r.sessionsCreated)
-	r.sessions[tok] = &rfSession{id: id, user: body.UserName}
+	r.sessions[tok] = &rfSession{id: id, user: body.UserName, lastUsed: time.Now()}
 	r.mu.Unlock()
+	if d := q.LoginDelay; d > 0 {
+		// The session exists; its answer comes late (or never, to a
+		// client that gave up).
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-r.ctx.Done():
+		case <-req.Context().Done():
+		}
+		t.Stop()
+	}
 	w.Header().Set("X-Auth-Token", tok)
 	if !r.cfg.Quirks.NoLocation {
 		w.Header().Set("Location", "/redfish/v1/SessionService/Sessions/"+id)
@@ -555,25 +816,34 @@ func (r *Redfish) reset(w http.ResponseWriter, req *http.Request, system string)
 		rfError(w, http.StatusBadRequest, "ActionParameterValueNotInList", fmt.Sprintf("ResetType %q is not allowed", body.ResetType))
 		return
 	}
+	q := r.cfg.Quirks
 	state := r.settle(s)
+	if q.AsyncPower && s.target != "" {
+		// Busy: accepted and ignored, as iLO does.
+		r.record(system + " " + body.ResetType + " ignored")
+		writeJSON(w, http.StatusOK, successDoc())
+		return
+	}
 	if state == "PoweringOn" || state == "PoweringOff" {
 		rfError(w, http.StatusConflict, "ServiceTemporarilyUnavailable", "a power transition is in progress")
 		return
 	}
-	if win := r.cfg.Quirks.NotReadyAfterOff; win > 0 && state == "Off" && time.Since(s.offSince) < win {
+	if win := q.NotReadyAfterOff; win > 0 && state == "Off" && time.Since(s.offSince) < win {
 		rfError(w, http.StatusConflict, "ServiceTemporarilyUnavailable", "not ready yet")
 		return
 	}
 	on := state == "On"
 	redundant := (body.ResetType == "On" || body.ResetType == "ForceOn") && on ||
 		(body.ResetType == "ForceOff" || body.ResetType == "GracefulShutdown") && !on
-	if redundant && r.cfg.Quirks.RedundantActionError {
+	if redundant && q.RedundantActionError {
 		rfError(w, http.StatusBadRequest, "PropertyValueConflict", "the system is already in that state")
 		return
 	}
+	now := time.Now()
 	switch body.ResetType {
 	case "On", "ForceOn", "PushPowerButton":
 		if !on {
+			s.lastReset = now
 			r.move(s, "On")
 		} else if body.ResetType == "PushPowerButton" {
 			r.move(s, "Off")
@@ -584,14 +854,29 @@ func (r *Redfish) reset(w http.ResponseWriter, req *http.Request, system string)
 		}
 	case "ForceRestart", "GracefulRestart", "PowerCycle":
 		s.resets++
-		if !on {
+		s.lastReset = now
+		if on && q.AsyncPower {
+			// iLO: a plain Off for the length of the restart.
+			s.power, s.offSince = "Off", now
+		}
+		if !on || q.AsyncPower {
 			r.move(s, "On")
 		}
 	}
 	r.record(system + " " + body.ResetType)
 	msg := map[bool]string{true: "ResourceEvent.1.4.ResourcePoweringOn", false: "ResourceEvent.1.4.ResourcePoweringOff"}[s.target == "On" || (s.target == "" && s.power == "On")]
 	r.publishLocked(RedfishEvent{EventType: "StatusChange", MessageID: msg, Message: fmt.Sprintf("%s: %s", system, body.ResetType), Severity: "OK", Origin: system})
+	if q.AsyncPower {
+		writeJSON(w, http.StatusOK, successDoc())
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// successDoc is the body of a 200 to an action (Base.Success).
+func successDoc() map[string]any {
+	return map[string]any{"@Message.ExtendedInfo": []any{map[string]any{
+		"MessageId": "Base.1.8.Success", "Message": "The request completed successfully.", "Severity": "OK", "MessageSeverity": "OK", "Resolution": "None"}}}
 }
 
 func (r *Redfish) patchSystem(w http.ResponseWriter, req *http.Request, system string) {
@@ -606,6 +891,7 @@ func (r *Redfish) patchSystem(w http.ResponseWriter, req *http.Request, system s
 	defer r.mu.Unlock()
 	s := r.systems[system]
 	allowed := asSlice(s.boot["BootSourceOverrideTarget@Redfish.AllowableValues"])
+	set := map[string]any{} // applied only when every property is valid
 	for k, v := range body.Boot {
 		switch k {
 		case "BootSourceOverrideTarget":
@@ -619,6 +905,14 @@ func (r *Redfish) patchSystem(w http.ResponseWriter, req *http.Request, system s
 				return
 			}
 		case "BootSourceOverrideMode":
+			if _, has := s.boot["BootSourceOverrideMode"]; !has {
+				rfError(w, http.StatusBadRequest, "PropertyUnknown", "the property BootSourceOverrideMode is not in the list of valid properties for the resource")
+				return
+			}
+			if modes := asSlice(s.boot["BootSourceOverrideMode@Redfish.AllowableValues"]); len(modes) > 0 && !slices.Contains(modes, v) {
+				rfError(w, http.StatusBadRequest, "PropertyValueNotInList", fmt.Sprintf("BootSourceOverrideMode %v is not allowed", v))
+				return
+			}
 			if v != "UEFI" && v != "Legacy" {
 				rfError(w, http.StatusBadRequest, "PropertyValueNotInList", fmt.Sprintf("BootSourceOverrideMode %v", v))
 				return
@@ -626,8 +920,17 @@ func (r *Redfish) patchSystem(w http.ResponseWriter, req *http.Request, system s
 		default:
 			continue
 		}
+		set[k] = v
+	}
+	for k, v := range set {
 		s.boot[k] = v
 	}
-	r.record(fmt.Sprintf("%s boot %v", system, body.Boot["BootSourceOverrideTarget"]))
+	var parts []string
+	for _, k := range []string{"BootSourceOverrideTarget", "BootSourceOverrideEnabled", "BootSourceOverrideMode"} {
+		if v, ok := set[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s=%v", strings.TrimPrefix(k, "BootSourceOverride"), v))
+		}
+	}
+	r.record(fmt.Sprintf("%s boot %s", system, strings.Join(parts, " ")))
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -93,6 +93,17 @@ type RedfishEvents struct {
 	// NoResume stops subscriptions from advertising
 	// #EventDestination.ResumeSubscription.
 	NoResume bool
+	// StrictTestEvents validates SubmitTestEvent like EventService 1.0's
+	// required parameters: EventId, EventTimestamp (date-time), MessageId
+	// (Registry.Major.Minor.Key), MessageArgs (an array of strings),
+	// OriginOfCondition (a URI on the service) and MessageSeverity or
+	// Severity (OK, Warning, Critical); 400 ActionParameterMissing (or
+	// ActionParameterValueFormatError) naming the first one wrong.
+	StrictTestEvents bool
+	// EmptyEventTypes: a subscription created without EventTypes is
+	// stored with EventTypes [""] and matches no event: it never fires
+	// (seen on old firmware).
+	EmptyEventTypes bool
 
 	// RetryAttempts is DeliveryRetryAttempts: failed attempts after the
 	// first, per event, before the policy applies. Zero means 3; negative
@@ -575,15 +586,29 @@ func (r *Redfish) patchSub(w http.ResponseWriter, req *http.Request, path string
 
 func (r *Redfish) submitTestEvent(w http.ResponseWriter, req *http.Request) {
 	if st := r.cfg.Events.SubmitTestEventStatus; st != 0 {
-		if st == http.StatusPreconditionFailed {
+		switch st {
+		case http.StatusPreconditionFailed:
 			eventError(w, st, "PreconditionFailed", "The ETag supplied did not match the ETag required to change this resource.", "")
-		} else {
+		case http.StatusMethodNotAllowed, http.StatusNotImplemented:
+			// Advertised, not implemented.
+			eventError(w, st, "ActionNotSupported", "The action SubmitTestEvent is not supported by the resource.", "", "SubmitTestEvent")
+		default:
 			eventError(w, st, "ActionParameterUnknown", "The action SubmitTestEvent was submitted with the invalid parameter EventGroupId.", "EventGroupId", "SubmitTestEvent", "EventGroupId")
 		}
 		return
 	}
 	var body map[string]any
 	json.NewDecoder(io.LimitReader(req.Body, 1<<16)).Decode(&body)
+	if r.cfg.Events.StrictTestEvents {
+		if name, why := strictTestEvent(body); name != "" {
+			id := "ActionParameterValueFormatError"
+			if why == "" {
+				id, why = "ActionParameterMissing", "The action SubmitTestEvent requires the parameter "+name+" to be present in the request body."
+			}
+			eventError(w, http.StatusBadRequest, id, why, name, "SubmitTestEvent", name)
+			return
+		}
+	}
 	msgID, _ := body["MessageId"].(string)
 	if msgID == "" {
 		eventError(w, http.StatusBadRequest, "ActionParameterMissing", "The action SubmitTestEvent requires the parameter MessageId to be present in the request body.", "MessageId", "SubmitTestEvent", "MessageId")
@@ -603,6 +628,64 @@ func (r *Redfish) submitTestEvent(w http.ResponseWriter, req *http.Request) {
 	r.publishLocked(e)
 	r.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// strictTestEvent returns the first SubmitTestEvent parameter a strict
+// service refuses, and why ("" when it is missing).
+func strictTestEvent(body map[string]any) (name, why string) {
+	str := func(k string) (string, bool) {
+		v, ok := body[k]
+		if !ok {
+			return "", false
+		}
+		s, _ := v.(string)
+		return s, true
+	}
+	bad := func(k string) string {
+		return "The value for the parameter " + k + " in the action SubmitTestEvent is of a different format than the parameter can accept."
+	}
+	if v, ok := str("EventId"); !ok {
+		return "EventId", ""
+	} else if v == "" {
+		return "EventId", bad("EventId")
+	}
+	if v, ok := str("EventTimestamp"); !ok {
+		return "EventTimestamp", ""
+	} else if _, err := time.Parse(time.RFC3339, v); err != nil {
+		return "EventTimestamp", bad("EventTimestamp")
+	}
+	if v, ok := str("MessageId"); !ok {
+		return "MessageId", ""
+	} else if strings.Count(v, ".") != 3 {
+		return "MessageId", bad("MessageId")
+	}
+	if v, ok := body["MessageArgs"]; !ok {
+		return "MessageArgs", ""
+	} else if args, isList := v.([]any); !isList {
+		return "MessageArgs", bad("MessageArgs")
+	} else {
+		for _, a := range args {
+			if _, isStr := a.(string); !isStr {
+				return "MessageArgs", bad("MessageArgs")
+			}
+		}
+	}
+	if v, ok := str("OriginOfCondition"); !ok {
+		return "OriginOfCondition", ""
+	} else if !strings.HasPrefix(v, "/redfish/v1") {
+		return "OriginOfCondition", bad("OriginOfCondition")
+	}
+	sev, ok := str("MessageSeverity")
+	if !ok {
+		sev, ok = str("Severity")
+	}
+	if !ok {
+		return "MessageSeverity", ""
+	}
+	if sev != "OK" && sev != "Warning" && sev != "Critical" {
+		return "MessageSeverity", bad("MessageSeverity")
+	}
+	return "", ""
 }
 
 func (r *Redfish) findSub(path string) *rfSub {
@@ -753,6 +836,9 @@ func (r *Redfish) createSub(w http.ResponseWriter, req *http.Request) {
 	s := r.newSub()
 	s.destination, s.protocol, s.subType = body.Destination, body.Protocol, "RedfishEvent"
 	s.eventTypes, s.registryPrefixes, s.resourceTypes = body.EventTypes, body.RegistryPrefixes, body.ResourceTypes
+	if ev.EmptyEventTypes && len(s.eventTypes) == 0 {
+		s.eventTypes = []string{""} // matches no event
+	}
 	if body.Context != nil {
 		s.context = *body.Context
 	}
