@@ -27,6 +27,7 @@ type Config struct {
 	Raft       RaftConfig       `toml:"raft"`
 	AgentLink  AgentLinkConfig  `toml:"agent_link"`
 	Operations OperationsConfig `toml:"operations"`
+	Events     EventsConfig     `toml:"events"`
 }
 
 // HTTPConfig configures the API listener.
@@ -115,6 +116,23 @@ type OperationsConfig struct {
 	DefaultSite    string          `toml:"default_site"`
 }
 
+// EventsConfig configures BMC event subscriptions ([events]).
+type EventsConfig struct {
+	// AllowHTTPDestinations accepts http:// subscriber destinations
+	// (https only otherwise).
+	AllowHTTPDestinations bool `toml:"allow_http_destinations"`
+	// ResyncInterval is how often every node's BMC subscriptions are
+	// verified (±20%).
+	ResyncInterval config.Duration `toml:"resync_interval"`
+	// RateQPS and RateBurst bound the BMC calls of the reconciler, over
+	// all BMCs.
+	RateQPS   float64 `toml:"rate_qps"`
+	RateBurst int     `toml:"rate_burst"`
+	// DeleteTimeout bounds the removal of a subscription whose BMC cannot
+	// be reached: then it is removed anyway and its BMC side cleaned later.
+	DeleteTimeout config.Duration `toml:"delete_timeout"`
+}
+
 // DefaultConfig returns the defaults a config file is decoded over.
 func DefaultConfig() Config {
 	return Config{
@@ -126,6 +144,8 @@ func DefaultConfig() Config {
 		Raft:       RaftConfig{Listen: "127.0.0.1:7000"},
 		AgentLink:  AgentLinkConfig{Listen: "127.0.0.1:7443", Heartbeat: config.Duration(2 * time.Second), AgentWait: config.Duration(5 * time.Second)},
 		Operations: OperationsConfig{DefaultTimeout: config.Duration(30 * time.Second), DefaultSite: "default"},
+		Events: EventsConfig{ResyncInterval: config.Duration(10 * time.Minute), RateQPS: 10, RateBurst: 100,
+			DeleteTimeout: config.Duration(5 * time.Minute)},
 	}
 }
 
@@ -184,6 +204,12 @@ func (c *Config) Validate() error {
 	}
 	if !c.Raft.Bootstrap && len(c.Raft.RetryJoin) == 0 {
 		errs = append(errs, errors.New("set raft.bootstrap = true for a single coordinator, or raft.expect and raft.retry_join for a group"))
+	}
+	if c.Events.ResyncInterval.D() < time.Second || c.Events.DeleteTimeout.D() < time.Second {
+		errs = append(errs, errors.New("events.resync_interval and events.delete_timeout must be at least 1s"))
+	}
+	if c.Events.RateQPS <= 0 || c.Events.RateQPS > 10000 || c.Events.RateBurst < 1 || c.Events.RateBurst > 100000 {
+		errs = append(errs, errors.New("events.rate_qps must be in (0, 10000] and events.rate_burst in [1, 100000]"))
 	}
 	if c.AgentLink.Heartbeat.D() <= 0 || c.Operations.DefaultTimeout.D() <= 0 {
 		errs = append(errs, errors.New("agent_link.heartbeat and operations.default_timeout must be positive"))

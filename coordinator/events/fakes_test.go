@@ -30,6 +30,15 @@ type memStore struct {
 	st      *state.State
 	leader  atomic.Bool
 	applies atomic.Int64
+	byType  sync.Map // command type name → *atomic.Int64
+}
+
+func (m *memStore) count(c state.Command) int64 {
+	v, ok := m.byType.Load(fmt.Sprintf("%T", c))
+	if !ok {
+		return 0
+	}
+	return v.(*atomic.Int64).Load()
 }
 
 func newMemStore() *memStore {
@@ -54,6 +63,8 @@ func (m *memStore) Apply(ctx context.Context, c state.Command) (state.Result, er
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.applies.Add(1)
+	v, _ := m.byType.LoadOrStore(fmt.Sprintf("%T", c), new(atomic.Int64))
+	v.(*atomic.Int64).Add(1)
 	res, fatal := m.st.Apply(m.st.Index()+1, b)
 	if fatal != nil {
 		panic(fmt.Sprintf("fatal apply of %T: %v", c, fatal))
@@ -72,7 +83,7 @@ func (m *memStore) VerifyLeader(ctx context.Context) error {
 
 // mutate rewrites the state through a snapshot (a restore, or a spec
 // change no command makes yet).
-func (m *memStore) mutate(t *testing.T, fn func(doc map[string]any)) {
+func (m *memStore) mutate(t testing.TB, fn func(doc map[string]any)) {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -91,7 +102,7 @@ func (m *memStore) mutate(t *testing.T, fn func(doc map[string]any)) {
 	}
 }
 
-func (m *memStore) must(t *testing.T, c state.Command) state.Result {
+func (m *memStore) must(t testing.TB, c state.Command) state.Result {
 	t.Helper()
 	res, err := m.Apply(context.Background(), c)
 	if err != nil {
@@ -376,7 +387,7 @@ func relayAgent(id string) Agent {
 
 // env is one service under test with its fakes.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	store  *memStore
 	keys   *seal.Keyring
 	runner *fakeRunner
@@ -428,11 +439,16 @@ func newKeyring(t testing.TB) *seal.Keyring {
 }
 
 // newEnv builds a service with one connected relay agent; start runs it.
-func newEnv(t *testing.T, cfg Config) *env {
+func newEnv(t testing.TB, cfg Config) *env {
 	t.Helper()
 	e := &env{t: t, store: newMemStore(), keys: newKeyring(t), runner: newFakeRunner(), agents: &fakeAgents{}, logs: &syncBuffer{}}
 	e.agents.set(relayAgent("agent-1"))
 	e.build(cfg)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("service log:\n%s", e.logs.String())
+		}
+	})
 	return e
 }
 

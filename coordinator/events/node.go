@@ -71,6 +71,7 @@ type nodeRun struct {
 	bsubs    map[string]*state.BMCSub
 	orig     map[string]state.BMCSub
 	gone     map[string]bool // BMCSubs deleted in this run
+	removed  map[string]bool // subscriptions removed in this run
 	tombs    []state.Tombstone
 	live     []*liveSub
 	waiting  map[string]bool // known sids whose payload is unknown now: leave their members alone
@@ -90,41 +91,45 @@ type nodeRun struct {
 
 var errStaleRun = errors.New("events: the state changed under this reconcile")
 
-func (r *reconciler) reconcileNode(ctx context.Context, e *nodeEntry, fp string, force, refresh bool) outcome {
+// reconcileNode reconciles one node; it also returns the fingerprint of
+// the inputs it read.
+func (r *reconciler) reconcileNode(ctx context.Context, e *nodeEntry, force, refresh bool) (outcome, string) {
 	st := r.s.store.State()
 	node, ok := st.Node(e.name)
+	subs, tombs := st.Subscriptions(e.name), st.Tombstones(e.name)
 	if !ok {
-		return outcome{} // deleted: the state turned its records into tombstones
+		// Deleted: the state turned its records into tombstones, cleaned
+		// if the node is registered again.
+		return outcome{}, inputsOf(nil, subs, tombs)
 	}
+	fp := inputsOf(&node, subs, tombs)
 	key, err := r.eventKey(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return outcome{err: ErrNotRunning}
+			return outcome{err: ErrNotRunning}, fp
 		}
 		r.logger.Error("event key unavailable", "err", err)
-		return outcome{failed: true}
+		return outcome{failed: true}, fp
 	}
 	run := &nodeRun{r: r, e: e, ctx: ctx, fp: fp, force: force, refresh: refresh, now: time.Now(), node: node, key: key,
-		bsubs: map[string]*state.BMCSub{}, orig: map[string]state.BMCSub{}, gone: map[string]bool{}, waiting: map[string]bool{},
-		cands: map[string][]member{}, removalMem: map[string][]member{}}
+		subs: subs, tombs: tombs, bsubs: map[string]*state.BMCSub{}, orig: map[string]state.BMCSub{}, gone: map[string]bool{},
+		removed: map[string]bool{}, waiting: map[string]bool{}, cands: map[string][]member{}, removalMem: map[string][]member{}}
 	if force {
 		clear(e.terminal)
 	}
-	run.subs = st.Subscriptions(node.Name)
 	for _, b := range st.BMCSubs(node.Name) {
 		b := b
 		run.bsubs[b.ID] = &b
 		run.orig[b.ID] = cloneBMCSub(b)
 	}
-	run.tombs = st.Tombstones(node.Name)
 	if err := run.plan(); err != nil {
-		return run.abort(err)
+		return run.abort(err), fp
 	}
 	out := run.bmc()
 	if err := run.flush(); err != nil {
-		return run.abort(err)
+		return run.abort(err), fp
 	}
-	return out
+	return out, fp
 }
 
 func cloneBMCSub(b state.BMCSub) state.BMCSub {
@@ -169,6 +174,7 @@ func (run *nodeRun) removeSubs(ids []string) error {
 		if err := run.apply(state.RemoveSubscription{ID: id}); err != nil && !errors.Is(err, state.ErrNotFound) {
 			return err
 		}
+		run.removed[id] = true
 		run.r.logger.Info("subscription removed", "id", id, "node", run.node.Name)
 	}
 	return nil
@@ -330,7 +336,7 @@ func (run *nodeRun) planRelay(b *state.BMCSub) error {
 			b.Gen++
 		}
 		old := b.Agent
-		b.Agent = id
+		b.Agent, b.State = id, state.SubPending
 		if err := run.put(b, b.AttemptID, false); err != nil {
 			return err
 		}
@@ -472,11 +478,6 @@ func (run *nodeRun) bmc() outcome {
 	if !run.force && len(run.removals) == 0 && len(run.tombs) == 0 && len(run.waiting) == 0 && run.allTerminal() {
 		return run.result() // nothing a call could change
 	}
-	caps, err := run.capabilities()
-	if err != nil {
-		return run.bmcFailed(err)
-	}
-	run.caps = caps
 	res, err := run.call(ActList, &agentpb.EventRequest{})
 	if err != nil {
 		return run.bmcFailed(err)
@@ -524,10 +525,16 @@ func (run *nodeRun) allTerminal() bool {
 	return true
 }
 
-// capabilities returns the BMC's event capabilities (cached).
+// capabilities returns the BMC's event capabilities. They are read only
+// when a decision needs them (a create, a resume), and cached: a resync of
+// a node whose subscriptions are in place costs one call, the list.
 func (run *nodeRun) capabilities() (*agentpb.EventCapabilities, error) {
 	e := run.e
+	if run.caps != nil {
+		return run.caps, nil
+	}
 	if !run.refresh && e.caps != nil && time.Since(e.capsAt) < run.r.cfg.CapsTTL {
+		run.caps = e.caps
 		return e.caps, nil
 	}
 	res, err := run.call(ActCapabilities, &agentpb.EventRequest{})
@@ -539,7 +546,7 @@ func (run *nodeRun) capabilities() (*agentpb.EventCapabilities, error) {
 	if caps == nil {
 		caps = &agentpb.EventCapabilities{}
 	}
-	e.caps, e.capsAt = caps, time.Now()
+	e.caps, e.capsAt, run.caps = caps, time.Now(), caps
 	return caps, nil
 }
 
@@ -830,7 +837,12 @@ func (run *nodeRun) ensure(ls *liveSub) {
 // resume re-enables a member the BMC suspended (or replaces it when the
 // BMC cannot resume).
 func (run *nodeRun) resume(ls *liveSub, mb member) {
-	if run.caps != nil && run.caps.Resume {
+	caps, err := run.capabilities()
+	if err != nil {
+		run.capsFailed(ls, err)
+		return
+	}
+	if caps.Resume {
 		_, err := run.call(ActResume, &agentpb.EventRequest{Uri: mb.m.Uri})
 		switch c := classOf(err); {
 		case err == nil:
@@ -896,10 +908,29 @@ func (run *nodeRun) createOrBlock(ls *liveSub) {
 		run.fail(ls, "protocol", "the BMC lists this subscription but it cannot be read")
 	case len(run.undecodable) > 0:
 		run.fail(ls, "protocol", fmt.Sprintf("the BMC lists %d subscription(s) that cannot be read; one may be this one, so none is created blindly", len(run.undecodable)))
-	case run.caps != nil && !run.caps.ServiceEnabled:
-		run.fail(ls, "service_disabled", "the BMC's event service is disabled")
 	default:
-		run.create(ls)
+		caps, err := run.capabilities()
+		switch {
+		case err != nil:
+			run.capsFailed(ls, err)
+		case !caps.ServiceEnabled:
+			run.fail(ls, "service_disabled", "the BMC's event service is disabled")
+		default:
+			run.create(ls)
+		}
+	}
+}
+
+// capsFailed records a failed capabilities read for ls: unsupported is
+// terminal, anything else is retried.
+func (run *nodeRun) capsFailed(ls *liveSub, err error) {
+	switch c := classOf(err); c {
+	case "canceled":
+		ls.done = true
+	case "unsupported":
+		run.terminal(ls, state.SubUnsupported, c, "the node's BMC or driver has no event service: "+run.msg(err))
+	default:
+		run.fail(ls, c, run.msg(err))
 	}
 }
 
@@ -1054,9 +1085,11 @@ func (run *nodeRun) flush() error {
 			return err
 		}
 	}
-	st := run.r.s.store.State()
-	for _, sub := range st.Subscriptions(run.node.Name) {
-		if sub.Deleting() {
+	// The statuses as this run read them: only the reconciler writes them
+	// (besides relay counters, which a status write keeps), one run of a
+	// node at a time.
+	for _, sub := range run.subs {
+		if sub.Deleting() || run.removed[sub.ID] {
 			continue
 		}
 		owner := state.OwnerRelay

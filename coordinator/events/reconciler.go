@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/obmesh/obmesh/coordinator/state"
@@ -46,6 +47,9 @@ type reconciler struct {
 	keyMu     sync.Mutex
 	keySealed state.Sealed
 	key       []byte
+
+	// scans counts the scanner's passes over the connected agents.
+	scans atomic.Int64
 }
 
 // nodeEntry is the reconciler's memory of one node.
@@ -302,8 +306,7 @@ func (r *reconciler) runEntry(ctx context.Context, e *nodeEntry) {
 	e.waiters = nil
 	r.mu.Unlock()
 
-	fp := r.fingerprint(e.name)
-	out := r.reconcileNode(ctx, e, fp, force, refreshCaps)
+	out, fp := r.reconcileNode(ctx, e, force, refreshCaps)
 
 	r.mu.Lock()
 	e.running = false
@@ -349,16 +352,6 @@ func inputsOf(node *state.Node, subs []state.Subscription, tombs []state.Tombsto
 		fmt.Fprintf(h, "t|%s\n", t.SID)
 	}
 	return hex.EncodeToString(h.Sum(nil)[:12])
-}
-
-func (r *reconciler) fingerprint(name string) string {
-	st := r.s.store.State()
-	n, ok := st.Node(name)
-	var np *state.Node
-	if ok {
-		np = &n
-	}
-	return inputsOf(np, st.Subscriptions(name), st.Tombstones(name))
 }
 
 // stateView is the event part of the state, grouped by node.
@@ -508,6 +501,7 @@ func (r *reconciler) scanLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		agents := r.updateAgents()
+		r.scans.Add(1)
 		idx := r.s.store.State().Index()
 		if idx == lastIndex && agents == lastAgents && (graceCheck.IsZero() || time.Now().Before(graceCheck)) {
 			continue
