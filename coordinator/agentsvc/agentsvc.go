@@ -11,6 +11,11 @@
 // such an agent is never sent an operation (nor a BMC password) of a site
 // it was not issued for.
 //
+// Event relay (relay.go): an agent that announces a relay URL in its hello
+// is sent its relay configuration (Config.RelayConfig) after the welcome and
+// again on every PushRelayConfig; its relay reports and events go to
+// Config.OnRelayReport and Config.OnRelayEvent.
+//
 // Liveness: an agent silent for three heartbeat intervals is lost. Its
 // stream is closed at once and every operation in flight on it fails with
 // ErrOutcomeUnknown, without waiting for the transport's keepalive to
@@ -87,6 +92,19 @@ type Config struct {
 	// coordinator is not waiting for (sent by an agent after the link they
 	// were dispatched on broke, typically under a previous leader).
 	OnLateResult func(agentID string, r *agentpb.OperationResult)
+
+	// RelayConfig, if set, builds the relay configuration of an agent
+	// serving sites (every node of those sites with relay subscriptions).
+	// It is called for agents that announced a relay, after the welcome
+	// and on PushRelayConfig; a nil configuration sends nothing, an error is
+	// retried with backoff. Calls for one agent never overlap.
+	RelayConfig func(agentID string, sites []string) (*agentpb.RelayConfig, error)
+	// OnRelayReport and OnRelayEvent, if set, receive an agent's relay
+	// reports and events, in order per agent, off the link's receive loop.
+	// They must return quickly: while one runs, that agent's later relay
+	// messages wait in a bounded queue and are dropped when it is full.
+	OnRelayReport func(agentID string, r *agentpb.RelayReport)
+	OnRelayEvent  func(agentID string, e *agentpb.RelayEvent)
 }
 
 // Service implements agentpb.AgentLinkServer.
@@ -101,6 +119,8 @@ type Service struct {
 	changed  chan struct{}                  // closed and replaced when conns change
 	consoles map[string]chan *ConsoleStream // console opens waiting for their stream, by op id
 	lost     map[string]time.Time           // agents dropped for silence, by id: their last contact
+
+	bg sync.WaitGroup // relay pushers, which may outlive their link's handler (see Wait)
 }
 
 // New returns a service. It does no I/O.
@@ -123,6 +143,12 @@ type conn struct {
 	version string
 	stream  agentpb.AgentLink_ConnectServer
 	cancel  context.CancelFunc
+
+	// relayURL and relayFP are the agent's announced event relay; empty
+	// when it runs none. relayKick (capacity 1) asks its pusher to send a
+	// fresh relay configuration.
+	relayURL, relayFP string
+	relayKick         chan struct{}
 
 	sendMu sync.Mutex
 
@@ -174,6 +200,9 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 		s.logger.Warn("agent refused", "agent", hello.AgentId, "claimed_sites", hello.Sites, "certificate_sites", certSites, "err", err)
 		return status.Error(codes.PermissionDenied, err.Error())
 	}
+	if err := checkRelay(hello.RelayUrl, hello.RelayFingerprint); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
 	if !s.lead.IsLeader() {
 		// Agents follow the leader; tell this one to look elsewhere.
 		return stream.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Redirect{Redirect: &agentpb.Redirect{Leader: s.lead.LeaderLinkAddr()}}})
@@ -185,7 +214,8 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 		driverNames = append(driverNames, d.Name)
 	}
 	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = s.lead.Apply(rctx, state.RegisterAgent{Agent: state.Agent{ID: hello.AgentId, Sites: hello.Sites, Drivers: drivers, Version: hello.Version}, StampUnixNano: time.Now().UnixNano()})
+	_, err = s.lead.Apply(rctx, state.RegisterAgent{Agent: state.Agent{ID: hello.AgentId, Sites: hello.Sites, Drivers: drivers, Version: hello.Version,
+		RelayURL: hello.RelayUrl, RelayFingerprint: hello.RelayFingerprint}, StampUnixNano: time.Now().UnixNano()})
 	rcancel()
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "register agent: %v", err)
@@ -193,6 +223,7 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	c := &conn{id: hello.AgentId, sites: slices.Clone(hello.Sites), drivers: driverNames, version: hello.Version,
+		relayURL: hello.RelayUrl, relayFP: hello.RelayFingerprint, relayKick: make(chan struct{}, 1),
 		stream: stream, cancel: cancel, lastContact: time.Now(), pending: map[string]chan *agentpb.OperationResult{}}
 	if err := c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{
 		Epoch: s.lead.Epoch(), CoordinatorId: s.cfg.ID, HeartbeatIntervalMs: s.cfg.Heartbeat.Milliseconds(),
@@ -207,7 +238,8 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 	delete(s.lost, c.id)
 	s.notifyLocked()
 	s.mu.Unlock()
-	s.logger.Info("agent connected", "agent", c.id, "sites", c.sites, "drivers", driverNames)
+	s.logger.Info("agent connected", "agent", c.id, "sites", c.sites, "drivers", driverNames, "relay", c.relayURL)
+	inbox := s.startRelay(cctx, c)
 
 	gone, lost := "disconnected", false
 	defer func() {
@@ -254,6 +286,9 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 			c.mu.Unlock()
 			if late != nil && s.cfg.OnLateResult != nil {
 				s.cfg.OnLateResult(c.id, late)
+			}
+			if m.GetRelayReport() != nil || m.GetRelayEvent() != nil {
+				inbox.put(m)
 			}
 		}
 	}()
@@ -429,6 +464,27 @@ func (s *Service) dispatch(ctx context.Context, site, driver string, op *agentpb
 			return Result{}, nil, &NoAgentError{Site: site, Driver: driver}
 		}
 	}
+	return s.run(ctx, c, op, consoleCh)
+}
+
+// DispatchTo sends op to the named agent and waits for its result, bounded
+// by ctx. It fails at once, with an error matching ErrNoAgent, when that
+// agent is not connected and healthy; with ErrOutcomeUnknown when the
+// operation was sent but no result came back.
+func (s *Service) DispatchTo(ctx context.Context, agentID string, op *agentpb.Operation) (Result, error) {
+	s.mu.Lock()
+	c := s.conns[agentID]
+	s.mu.Unlock()
+	if c == nil || !s.healthy(c, time.Now()) {
+		return Result{Agent: agentID}, fmt.Errorf("agent %s is not connected to the leader or not healthy: %w", agentID, ErrNoAgent)
+	}
+	res, _, err := s.run(ctx, c, op, nil)
+	return res, err
+}
+
+// run sends op to c and waits for its result (or, for a console, its
+// stream), bounded by ctx.
+func (s *Service) run(ctx context.Context, c *conn, op *agentpb.Operation, consoleCh chan *ConsoleStream) (Result, *ConsoleStream, error) {
 	ch := make(chan *agentpb.OperationResult, 1)
 	c.mu.Lock()
 	if c.closed {
@@ -564,6 +620,11 @@ type AgentStatus struct {
 	ID          string
 	Healthy     bool
 	LastContact time.Time
+	// Sites and Drivers are what the agent announced; RelayURL and
+	// RelayFingerprint its event relay, empty when it runs none. All are
+	// empty for an agent listed as lost.
+	Sites, Drivers             []string
+	RelayURL, RelayFingerprint string
 }
 
 // Connected lists the agents connected to this coordinator, and those it
@@ -578,7 +639,8 @@ func (s *Service) Connected() []AgentStatus {
 		c.mu.Lock()
 		lc := c.lastContact
 		c.mu.Unlock()
-		out = append(out, AgentStatus{ID: c.id, Healthy: s.healthy(c, now), LastContact: lc})
+		out = append(out, AgentStatus{ID: c.id, Healthy: s.healthy(c, now), LastContact: lc,
+			Sites: slices.Clone(c.sites), Drivers: slices.Clone(c.drivers), RelayURL: c.relayURL, RelayFingerprint: c.relayFP})
 	}
 	for id, lc := range s.lost {
 		out = append(out, AgentStatus{ID: id, LastContact: lc})

@@ -95,7 +95,7 @@ func newLink(t *testing.T, cfg Config) *link {
 	agentpb.RegisterAgentLinkServer(srv, svc)
 	done := make(chan struct{})
 	go func() { srv.Serve(ln); close(done) }()
-	t.Cleanup(func() { srv.Stop(); <-done })
+	t.Cleanup(func() { srv.Stop(); <-done; svc.Wait() })
 	return &link{t: t, dir: dir, addr: ln.Addr().String(), svc: svc, lead: lead}
 }
 
