@@ -6,6 +6,9 @@ import (
 	"io"
 	"sync"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/obmesh/obmesh/plugins/sdk/internal/driverpb"
 )
 
@@ -17,7 +20,25 @@ type remoteDriver struct {
 	info     Info
 }
 
-var _ Driver = (*remoteDriver)(nil)
+var (
+	_ Driver          = (*remoteDriver)(nil)
+	_ OptionValidator = (*remoteDriver)(nil)
+)
+
+// ValidateOptions asks the plugin's driver to check a node (bounded like
+// Info). ErrUnsupported means the driver has no checks.
+func (d *remoteDriver) ValidateOptions(n Node) error {
+	ctx, cancel := context.WithTimeout(context.Background(), defaultInfoTimeout)
+	defer cancel()
+	_, err := d.c.ValidateOptions(ctx, &driverpb.OpenRequest{Node: &driverpb.Node{
+		Name: n.Name, Key: n.Key, Address: n.Address, Username: n.Username,
+		Password: n.Password.Reveal(), Options: n.Options,
+	}})
+	if status.Code(err) == codes.Unimplemented {
+		return Errorf(ClassUnsupported, "driver %s has no option checks", d.Info().Name)
+	}
+	return fromStatus(ctx, err)
+}
 
 func (d *remoteDriver) Info() Info {
 	// Info is documented as I/O-free; the remote one asks once, bounded.
@@ -62,6 +83,7 @@ type RemoteBMC struct {
 var (
 	_ PowerGetter      = (*RemoteBMC)(nil)
 	_ PowerSetter      = (*RemoteBMC)(nil)
+	_ PowerReporter    = (*RemoteBMC)(nil)
 	_ BootDeviceSetter = (*RemoteBMC)(nil)
 	_ ConsoleOpener    = (*RemoteBMC)(nil)
 	_ Identifier       = (*RemoteBMC)(nil)
@@ -105,11 +127,29 @@ func (b *RemoteBMC) PowerState(ctx context.Context) (PowerStatus, error) {
 }
 
 func (b *RemoteBMC) SetPower(ctx context.Context, a PowerAction) error {
+	_, err := b.SetPowerReport(ctx, a)
+	return err
+}
+
+// SetPowerReport carries out a power action and returns the plugin's report
+// (empty when its driver does not report), also with an error.
+func (b *RemoteBMC) SetPowerReport(ctx context.Context, a PowerAction) (PowerReport, error) {
 	if !b.caps[CapPowerSet] {
-		return ErrUnsupported
+		return PowerReport{}, ErrUnsupported
 	}
-	_, err := b.c.SetPower(ctx, &driverpb.SetPowerRequest{Session: b.session, Action: string(a)})
-	return fromStatus(ctx, err)
+	r, err := b.c.SetPower(ctx, &driverpb.SetPowerRequest{Session: b.session, Action: string(a)})
+	if err != nil {
+		var rep PowerReport
+		if st, ok := status.FromError(err); ok {
+			for _, d := range st.Details() {
+				if pr, ok := d.(*driverpb.SetPowerResponse); ok {
+					rep = reportFromPB(pr)
+				}
+			}
+		}
+		return rep, fromStatus(ctx, err)
+	}
+	return reportFromPB(r), nil
 }
 
 func (b *RemoteBMC) SetBootDevice(ctx context.Context, d BootDevice, o BootOptions) error {

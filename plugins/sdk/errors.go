@@ -29,6 +29,10 @@ const (
 	// ClassConflict: the thing already exists (a BMC that allows one
 	// subscription per destination).
 	ClassConflict Class = "already_exists"
+	// ClassOutcomeUnknown: the BMC accepted an action but its effect was
+	// not seen before the deadline; it may or may not happen. The message
+	// says what was observed.
+	ClassOutcomeUnknown Class = "outcome_unknown"
 	// ClassInternal is any driver error that is not classified.
 	ClassInternal Class = "internal"
 	// ClassPlugin is a failure of the plugin process itself (it exited or
@@ -39,17 +43,18 @@ const (
 // Sentinel errors. Drivers wrap them (fmt.Errorf("...: %w", sdk.ErrAuth));
 // hosts test them with errors.Is, on either side of the plugin boundary.
 var (
-	ErrUnsupported = &Error{Class: ClassUnsupported, Msg: "operation not supported by this driver or BMC"}
-	ErrAuth        = &Error{Class: ClassAuth, Msg: "BMC authentication failed"}
-	ErrUnreachable = &Error{Class: ClassUnreachable, Msg: "BMC unreachable"}
-	ErrBusy        = &Error{Class: ClassBusy, Msg: "BMC busy"}
-	ErrInvalid     = &Error{Class: ClassInvalid, Msg: "invalid argument"}
-	ErrTimeout     = &Error{Class: ClassTimeout, Msg: "timed out"}
-	ErrProtocol    = &Error{Class: ClassProtocol, Msg: "BMC protocol error"}
-	ErrPrivilege   = &Error{Class: ClassPrivilege, Msg: "insufficient privilege on the BMC"}
-	ErrQuota       = &Error{Class: ClassQuota, Msg: "BMC limit reached"}
-	ErrConflict    = &Error{Class: ClassConflict, Msg: "already exists on the BMC"}
-	ErrPlugin      = &Error{Class: ClassPlugin, Msg: "driver plugin failed"}
+	ErrUnsupported    = &Error{Class: ClassUnsupported, Msg: "operation not supported by this driver or BMC"}
+	ErrAuth           = &Error{Class: ClassAuth, Msg: "BMC authentication failed"}
+	ErrUnreachable    = &Error{Class: ClassUnreachable, Msg: "BMC unreachable"}
+	ErrBusy           = &Error{Class: ClassBusy, Msg: "BMC busy"}
+	ErrInvalid        = &Error{Class: ClassInvalid, Msg: "invalid argument"}
+	ErrTimeout        = &Error{Class: ClassTimeout, Msg: "timed out"}
+	ErrProtocol       = &Error{Class: ClassProtocol, Msg: "BMC protocol error"}
+	ErrPrivilege      = &Error{Class: ClassPrivilege, Msg: "insufficient privilege on the BMC"}
+	ErrQuota          = &Error{Class: ClassQuota, Msg: "BMC limit reached"}
+	ErrConflict       = &Error{Class: ClassConflict, Msg: "already exists on the BMC"}
+	ErrOutcomeUnknown = &Error{Class: ClassOutcomeUnknown, Msg: "the BMC accepted the action; its effect was not seen"}
+	ErrPlugin         = &Error{Class: ClassPlugin, Msg: "driver plugin failed"}
 )
 
 // Error is a classified error. Two Errors match under errors.Is when their
@@ -92,18 +97,19 @@ func Errorf(c Class, format string, args ...any) error {
 const errorDomain = "obmesh.driver"
 
 var classCodes = map[Class]codes.Code{
-	ClassUnsupported: codes.Unimplemented,
-	ClassAuth:        codes.Unauthenticated,
-	ClassUnreachable: codes.Unavailable,
-	ClassBusy:        codes.ResourceExhausted,
-	ClassInvalid:     codes.InvalidArgument,
-	ClassTimeout:     codes.DeadlineExceeded,
-	ClassProtocol:    codes.Internal,
-	ClassPrivilege:   codes.PermissionDenied,
-	ClassQuota:       codes.ResourceExhausted,
-	ClassConflict:    codes.AlreadyExists,
-	ClassInternal:    codes.Unknown,
-	ClassPlugin:      codes.Unknown,
+	ClassUnsupported:    codes.Unimplemented,
+	ClassAuth:           codes.Unauthenticated,
+	ClassUnreachable:    codes.Unavailable,
+	ClassBusy:           codes.ResourceExhausted,
+	ClassInvalid:        codes.InvalidArgument,
+	ClassTimeout:        codes.DeadlineExceeded,
+	ClassProtocol:       codes.Internal,
+	ClassPrivilege:      codes.PermissionDenied,
+	ClassQuota:          codes.ResourceExhausted,
+	ClassConflict:       codes.AlreadyExists,
+	ClassOutcomeUnknown: codes.Unknown,
+	ClassInternal:       codes.Unknown,
+	ClassPlugin:         codes.Unknown,
 }
 
 // toStatus is the one mapping from driver errors to gRPC statuses. The class

@@ -7,7 +7,10 @@
 // advertises what it can do by the optional interfaces it implements
 // (PowerGetter, PowerSetter, BootDeviceSetter, ConsoleOpener, Identifier,
 // EventSubscriber). Capabilities are computed from the value Open returns,
-// never declared by hand.
+// never declared by hand. A PowerSetter that also implements PowerReporter
+// reports how it carried out an action and what it observed (kept in the
+// receipt); a Driver that implements OptionValidator checks a node's
+// options without I/O, for hosts to call at registration.
 //
 // Concurrency: the host serializes calls on one BMC (at most one command in
 // flight per BMC), except that a console stream runs beside other calls.
@@ -20,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 )
 
 // ProtocolVersion is the version of the host/plugin protocol. A host refuses
@@ -177,6 +181,41 @@ type PowerGetter interface {
 // (On while on) succeeds. An unknown action is ErrInvalidArgument.
 type PowerSetter interface {
 	SetPower(ctx context.Context, a PowerAction) error
+}
+
+// PowerObservation is a power state a driver read, and when.
+type PowerObservation struct {
+	State PowerState
+	At    time.Time
+}
+
+// PowerReport is a driver's account of a power action, kept in the
+// operation's receipt: how it was carried out and what was seen.
+type PowerReport struct {
+	// Detail says how the action was carried out: the BMC command chosen
+	// for it and why, e.g. "reset → PowerCycle (ForceRestart is not among
+	// the system's allowed reset types)".
+	Detail string
+	// Observed are the power states read while carrying it out, in order
+	// (a state is listed when it changes).
+	Observed []PowerObservation
+}
+
+// PowerReporter is a PowerSetter that reports what it did and saw. Hosts
+// call SetPowerReport instead of SetPower when a BMC has it. The report
+// comes back with an error too: ErrOutcomeUnknown says the BMC accepted the
+// action but its effect was not seen before the deadline.
+type PowerReporter interface {
+	SetPowerReport(ctx context.Context, a PowerAction) (PowerReport, error)
+}
+
+// OptionValidator is implemented by a Driver that can check a node's
+// address, credentials and options without contacting the BMC. Hosts call
+// it when a node is registered, so a mistake (a misspelt option, a URL the
+// driver will refuse) is refused at the door instead of failing the first
+// operation. It must not do I/O; errors are ErrInvalid naming the option.
+type OptionValidator interface {
+	ValidateOptions(n Node) error
 }
 
 // BootDeviceSetter sets the boot device override.

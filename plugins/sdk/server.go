@@ -14,6 +14,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/obmesh/obmesh/plugins/sdk/internal/driverpb"
 )
@@ -189,7 +191,7 @@ func (s *server) PowerState(ctx context.Context, req *driverpb.SessionRequest) (
 	return &driverpb.PowerStateResponse{State: string(st.State), Raw: st.Raw}, nil
 }
 
-func (s *server) SetPower(ctx context.Context, req *driverpb.SetPowerRequest) (*driverpb.Empty, error) {
+func (s *server) SetPower(ctx context.Context, req *driverpb.SetPowerRequest) (*driverpb.SetPowerResponse, error) {
 	p, err := capOf[PowerSetter](s, req.Session)
 	if err != nil {
 		return nil, err
@@ -198,7 +200,66 @@ func (s *server) SetPower(ctx context.Context, req *driverpb.SetPowerRequest) (*
 	if !a.Valid() {
 		return nil, toStatus(Errorf(ClassInvalid, "unknown power action %q", req.Action))
 	}
-	return &driverpb.Empty{}, s.fail(req.Session, p.SetPower(ctx, a))
+	r, ok := p.(PowerReporter)
+	if !ok {
+		if err := p.SetPower(ctx, a); err != nil {
+			return nil, s.fail(req.Session, err)
+		}
+		return &driverpb.SetPowerResponse{}, nil
+	}
+	rep, err := r.SetPowerReport(ctx, a)
+	resp := reportToPB(rep)
+	s.mu.Lock()
+	secrets := slices.Clone(s.secrets[req.Session])
+	s.mu.Unlock()
+	if d, withheld := Redact(resp.Detail, secrets...); withheld {
+		resp.Detail = "(withheld: it may quote a secret)"
+	} else {
+		resp.Detail = d
+	}
+	if err != nil {
+		// The report travels in the status details.
+		st := status.Convert(s.fail(req.Session, err))
+		if d, derr := st.WithDetails(resp); derr == nil {
+			st = d
+		}
+		return nil, st.Err()
+	}
+	return resp, nil
+}
+
+func reportToPB(r PowerReport) *driverpb.SetPowerResponse {
+	out := &driverpb.SetPowerResponse{Detail: r.Detail}
+	for _, o := range r.Observed {
+		out.Observed = append(out.Observed, &driverpb.PowerObservation{State: string(o.State), UnixNano: o.At.UnixNano()})
+	}
+	return out
+}
+
+func reportFromPB(r *driverpb.SetPowerResponse) PowerReport {
+	out := PowerReport{Detail: r.GetDetail()}
+	for _, o := range r.GetObserved() {
+		out.Observed = append(out.Observed, PowerObservation{State: PowerState(o.State), At: time.Unix(0, o.UnixNano)})
+	}
+	return out
+}
+
+// ValidateOptions runs the driver's checks; UNIMPLEMENTED when it has none.
+func (s *server) ValidateOptions(_ context.Context, req *driverpb.OpenRequest) (*driverpb.Empty, error) {
+	v, ok := s.d.(OptionValidator)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "the driver has no option checks")
+	}
+	n := req.GetNode()
+	if n == nil {
+		return nil, toStatus(Errorf(ClassInvalid, "validate: no node given"))
+	}
+	err := v.ValidateOptions(Node{Name: n.Name, Key: n.Key, Address: n.Address, Username: n.Username,
+		Password: Secret(n.Password), Options: n.Options})
+	if err != nil {
+		return nil, toStatus(RedactError(err, n.Password))
+	}
+	return &driverpb.Empty{}, nil
 }
 
 func (s *server) SetBootDevice(ctx context.Context, req *driverpb.SetBootDeviceRequest) (*driverpb.Empty, error) {

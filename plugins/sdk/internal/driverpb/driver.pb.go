@@ -494,6 +494,115 @@ func (x *SetPowerRequest) GetAction() string {
 	return ""
 }
 
+type SetPowerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// detail says how the action was carried out (the BMC command chosen and
+	// why); empty when the driver does not say.
+	Detail string `protobuf:"bytes,1,opt,name=detail,proto3" json:"detail,omitempty"`
+	// observed are the power states read while carrying it out, in order.
+	Observed      []*PowerObservation `protobuf:"bytes,2,rep,name=observed,proto3" json:"observed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPowerResponse) Reset() {
+	*x = SetPowerResponse{}
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPowerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPowerResponse) ProtoMessage() {}
+
+func (x *SetPowerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPowerResponse.ProtoReflect.Descriptor instead.
+func (*SetPowerResponse) Descriptor() ([]byte, []int) {
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SetPowerResponse) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *SetPowerResponse) GetObserved() []*PowerObservation {
+	if x != nil {
+		return x.Observed
+	}
+	return nil
+}
+
+type PowerObservation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state is one of "on", "off", "powering_on", "powering_off", "unknown".
+	State string `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	// unix_nano is when it was read (the plugin's clock).
+	UnixNano      int64 `protobuf:"varint,2,opt,name=unix_nano,json=unixNano,proto3" json:"unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PowerObservation) Reset() {
+	*x = PowerObservation{}
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerObservation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerObservation) ProtoMessage() {}
+
+func (x *PowerObservation) ProtoReflect() protoreflect.Message {
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerObservation.ProtoReflect.Descriptor instead.
+func (*PowerObservation) Descriptor() ([]byte, []int) {
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PowerObservation) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *PowerObservation) GetUnixNano() int64 {
+	if x != nil {
+		return x.UnixNano
+	}
+	return 0
+}
+
 type SetBootDeviceRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -507,7 +616,7 @@ type SetBootDeviceRequest struct {
 
 func (x *SetBootDeviceRequest) Reset() {
 	*x = SetBootDeviceRequest{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[9]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +628,7 @@ func (x *SetBootDeviceRequest) String() string {
 func (*SetBootDeviceRequest) ProtoMessage() {}
 
 func (x *SetBootDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[9]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +641,7 @@ func (x *SetBootDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBootDeviceRequest.ProtoReflect.Descriptor instead.
 func (*SetBootDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{9}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetBootDeviceRequest) GetSession() string {
@@ -575,7 +684,7 @@ type IdentityResponse struct {
 
 func (x *IdentityResponse) Reset() {
 	*x = IdentityResponse{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[10]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +696,7 @@ func (x *IdentityResponse) String() string {
 func (*IdentityResponse) ProtoMessage() {}
 
 func (x *IdentityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[10]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +709,7 @@ func (x *IdentityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentityResponse.ProtoReflect.Descriptor instead.
 func (*IdentityResponse) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{10}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *IdentityResponse) GetVendor() string {
@@ -645,7 +754,7 @@ type ConsoleInput struct {
 
 func (x *ConsoleInput) Reset() {
 	*x = ConsoleInput{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[11]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -657,7 +766,7 @@ func (x *ConsoleInput) String() string {
 func (*ConsoleInput) ProtoMessage() {}
 
 func (x *ConsoleInput) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[11]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -670,7 +779,7 @@ func (x *ConsoleInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsoleInput.ProtoReflect.Descriptor instead.
 func (*ConsoleInput) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{11}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ConsoleInput) GetSession() string {
@@ -703,7 +812,7 @@ type ConsoleOutput struct {
 
 func (x *ConsoleOutput) Reset() {
 	*x = ConsoleOutput{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[12]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +824,7 @@ func (x *ConsoleOutput) String() string {
 func (*ConsoleOutput) ProtoMessage() {}
 
 func (x *ConsoleOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[12]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +837,7 @@ func (x *ConsoleOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsoleOutput.ProtoReflect.Descriptor instead.
 func (*ConsoleOutput) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{12}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ConsoleOutput) GetData() []byte {
@@ -757,7 +866,7 @@ type EventCapabilitiesResponse struct {
 
 func (x *EventCapabilitiesResponse) Reset() {
 	*x = EventCapabilitiesResponse{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[13]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +878,7 @@ func (x *EventCapabilitiesResponse) String() string {
 func (*EventCapabilitiesResponse) ProtoMessage() {}
 
 func (x *EventCapabilitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[13]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +891,7 @@ func (x *EventCapabilitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventCapabilitiesResponse.ProtoReflect.Descriptor instead.
 func (*EventCapabilitiesResponse) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{13}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EventCapabilitiesResponse) GetEventTypes() []string {
@@ -873,7 +982,7 @@ type Subscription struct {
 
 func (x *Subscription) Reset() {
 	*x = Subscription{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[14]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -885,7 +994,7 @@ func (x *Subscription) String() string {
 func (*Subscription) ProtoMessage() {}
 
 func (x *Subscription) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[14]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -898,7 +1007,7 @@ func (x *Subscription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Subscription.ProtoReflect.Descriptor instead.
 func (*Subscription) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{14}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Subscription) GetId() string {
@@ -968,7 +1077,7 @@ type ListSubscriptionsResponse struct {
 
 func (x *ListSubscriptionsResponse) Reset() {
 	*x = ListSubscriptionsResponse{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[15]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1089,7 @@ func (x *ListSubscriptionsResponse) String() string {
 func (*ListSubscriptionsResponse) ProtoMessage() {}
 
 func (x *ListSubscriptionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[15]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1102,7 @@ func (x *ListSubscriptionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSubscriptionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSubscriptionsResponse) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{15}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListSubscriptionsResponse) GetSubscriptions() []*Subscription {
@@ -1030,7 +1139,7 @@ type CreateSubscriptionRequest struct {
 
 func (x *CreateSubscriptionRequest) Reset() {
 	*x = CreateSubscriptionRequest{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[16]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1151,7 @@ func (x *CreateSubscriptionRequest) String() string {
 func (*CreateSubscriptionRequest) ProtoMessage() {}
 
 func (x *CreateSubscriptionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[16]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1164,7 @@ func (x *CreateSubscriptionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSubscriptionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSubscriptionRequest) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{16}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreateSubscriptionRequest) GetSession() string {
@@ -1133,7 +1242,7 @@ type DriverError struct {
 
 func (x *DriverError) Reset() {
 	*x = DriverError{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[17]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1145,7 +1254,7 @@ func (x *DriverError) String() string {
 func (*DriverError) ProtoMessage() {}
 
 func (x *DriverError) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[17]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1158,7 +1267,7 @@ func (x *DriverError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriverError.ProtoReflect.Descriptor instead.
 func (*DriverError) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{17}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DriverError) GetClass() string {
@@ -1190,7 +1299,7 @@ type CreateSubscriptionResponse struct {
 
 func (x *CreateSubscriptionResponse) Reset() {
 	*x = CreateSubscriptionResponse{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[18]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1202,7 +1311,7 @@ func (x *CreateSubscriptionResponse) String() string {
 func (*CreateSubscriptionResponse) ProtoMessage() {}
 
 func (x *CreateSubscriptionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[18]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1215,7 +1324,7 @@ func (x *CreateSubscriptionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSubscriptionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSubscriptionResponse) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{18}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateSubscriptionResponse) GetSubscription() *Subscription {
@@ -1258,7 +1367,7 @@ type SubscriptionRequest struct {
 
 func (x *SubscriptionRequest) Reset() {
 	*x = SubscriptionRequest{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[19]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1379,7 @@ func (x *SubscriptionRequest) String() string {
 func (*SubscriptionRequest) ProtoMessage() {}
 
 func (x *SubscriptionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[19]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1392,7 @@ func (x *SubscriptionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscriptionRequest.ProtoReflect.Descriptor instead.
 func (*SubscriptionRequest) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{19}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SubscriptionRequest) GetSession() string {
@@ -1320,7 +1429,7 @@ type TestEventRequest struct {
 
 func (x *TestEventRequest) Reset() {
 	*x = TestEventRequest{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[20]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1332,7 +1441,7 @@ func (x *TestEventRequest) String() string {
 func (*TestEventRequest) ProtoMessage() {}
 
 func (x *TestEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[20]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1345,7 +1454,7 @@ func (x *TestEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TestEventRequest.ProtoReflect.Descriptor instead.
 func (*TestEventRequest) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{20}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TestEventRequest) GetSession() string {
@@ -1415,7 +1524,13 @@ const file_plugins_sdk_internal_driverpb_driver_proto_rawDesc = "" +
 	"\x03raw\x18\x02 \x01(\tR\x03raw\"C\n" +
 	"\x0fSetPowerRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x16\n" +
-	"\x06action\x18\x02 \x01(\tR\x06action\"z\n" +
+	"\x06action\x18\x02 \x01(\tR\x06action\"j\n" +
+	"\x10SetPowerResponse\x12\x16\n" +
+	"\x06detail\x18\x01 \x01(\tR\x06detail\x12>\n" +
+	"\bobserved\x18\x02 \x03(\v2\".obmesh.driver.v1.PowerObservationR\bobserved\"E\n" +
+	"\x10PowerObservation\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\x12\x1b\n" +
+	"\tunix_nano\x18\x02 \x01(\x03R\bunixNano\"z\n" +
 	"\x14SetBootDeviceRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x1e\n" +
@@ -1498,14 +1613,15 @@ const file_plugins_sdk_internal_driverpb_driver_proto_rawDesc = "" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x04 \x01(\tR\tmessageId\x12\x1a\n" +
-	"\bseverity\x18\x05 \x01(\tR\bseverity2\xf9\t\n" +
+	"\bseverity\x18\x05 \x01(\tR\bseverity2\xcf\n" +
+	"\n" +
 	"\x06Driver\x12E\n" +
 	"\x04Info\x12\x1d.obmesh.driver.v1.InfoRequest\x1a\x1e.obmesh.driver.v1.InfoResponse\x12E\n" +
 	"\x04Open\x12\x1d.obmesh.driver.v1.OpenRequest\x1a\x1e.obmesh.driver.v1.OpenResponse\x12B\n" +
 	"\x05Close\x12 .obmesh.driver.v1.SessionRequest\x1a\x17.obmesh.driver.v1.Empty\x12T\n" +
 	"\n" +
-	"PowerState\x12 .obmesh.driver.v1.SessionRequest\x1a$.obmesh.driver.v1.PowerStateResponse\x12F\n" +
-	"\bSetPower\x12!.obmesh.driver.v1.SetPowerRequest\x1a\x17.obmesh.driver.v1.Empty\x12P\n" +
+	"PowerState\x12 .obmesh.driver.v1.SessionRequest\x1a$.obmesh.driver.v1.PowerStateResponse\x12Q\n" +
+	"\bSetPower\x12!.obmesh.driver.v1.SetPowerRequest\x1a\".obmesh.driver.v1.SetPowerResponse\x12P\n" +
 	"\rSetBootDevice\x12&.obmesh.driver.v1.SetBootDeviceRequest\x1a\x17.obmesh.driver.v1.Empty\x12P\n" +
 	"\bIdentity\x12 .obmesh.driver.v1.SessionRequest\x1a\".obmesh.driver.v1.IdentityResponse\x12N\n" +
 	"\aConsole\x12\x1e.obmesh.driver.v1.ConsoleInput\x1a\x1f.obmesh.driver.v1.ConsoleOutput(\x010\x01\x12b\n" +
@@ -1515,7 +1631,8 @@ const file_plugins_sdk_internal_driverpb_driver_proto_rawDesc = "" +
 	"\x12DeleteSubscription\x12%.obmesh.driver.v1.SubscriptionRequest\x1a\x17.obmesh.driver.v1.Empty\x12X\n" +
 	"\x16SetSubscriptionContext\x12%.obmesh.driver.v1.SubscriptionRequest\x1a\x17.obmesh.driver.v1.Empty\x12T\n" +
 	"\x12ResumeSubscription\x12%.obmesh.driver.v1.SubscriptionRequest\x1a\x17.obmesh.driver.v1.Empty\x12L\n" +
-	"\rSendTestEvent\x12\".obmesh.driver.v1.TestEventRequest\x1a\x17.obmesh.driver.v1.EmptyB8Z6github.com/obmesh/obmesh/plugins/sdk/internal/driverpbb\x06proto3"
+	"\rSendTestEvent\x12\".obmesh.driver.v1.TestEventRequest\x1a\x17.obmesh.driver.v1.Empty\x12I\n" +
+	"\x0fValidateOptions\x12\x1d.obmesh.driver.v1.OpenRequest\x1a\x17.obmesh.driver.v1.EmptyB8Z6github.com/obmesh/obmesh/plugins/sdk/internal/driverpbb\x06proto3"
 
 var (
 	file_plugins_sdk_internal_driverpb_driver_proto_rawDescOnce sync.Once
@@ -1529,7 +1646,7 @@ func file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP() []byte {
 	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescData
 }
 
-var file_plugins_sdk_internal_driverpb_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_plugins_sdk_internal_driverpb_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_plugins_sdk_internal_driverpb_driver_proto_goTypes = []any{
 	(*Empty)(nil),                      // 0: obmesh.driver.v1.Empty
 	(*InfoRequest)(nil),                // 1: obmesh.driver.v1.InfoRequest
@@ -1540,65 +1657,70 @@ var file_plugins_sdk_internal_driverpb_driver_proto_goTypes = []any{
 	(*SessionRequest)(nil),             // 6: obmesh.driver.v1.SessionRequest
 	(*PowerStateResponse)(nil),         // 7: obmesh.driver.v1.PowerStateResponse
 	(*SetPowerRequest)(nil),            // 8: obmesh.driver.v1.SetPowerRequest
-	(*SetBootDeviceRequest)(nil),       // 9: obmesh.driver.v1.SetBootDeviceRequest
-	(*IdentityResponse)(nil),           // 10: obmesh.driver.v1.IdentityResponse
-	(*ConsoleInput)(nil),               // 11: obmesh.driver.v1.ConsoleInput
-	(*ConsoleOutput)(nil),              // 12: obmesh.driver.v1.ConsoleOutput
-	(*EventCapabilitiesResponse)(nil),  // 13: obmesh.driver.v1.EventCapabilitiesResponse
-	(*Subscription)(nil),               // 14: obmesh.driver.v1.Subscription
-	(*ListSubscriptionsResponse)(nil),  // 15: obmesh.driver.v1.ListSubscriptionsResponse
-	(*CreateSubscriptionRequest)(nil),  // 16: obmesh.driver.v1.CreateSubscriptionRequest
-	(*DriverError)(nil),                // 17: obmesh.driver.v1.DriverError
-	(*CreateSubscriptionResponse)(nil), // 18: obmesh.driver.v1.CreateSubscriptionResponse
-	(*SubscriptionRequest)(nil),        // 19: obmesh.driver.v1.SubscriptionRequest
-	(*TestEventRequest)(nil),           // 20: obmesh.driver.v1.TestEventRequest
-	nil,                                // 21: obmesh.driver.v1.Node.OptionsEntry
-	nil,                                // 22: obmesh.driver.v1.IdentityResponse.ExtraEntry
-	nil,                                // 23: obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntry
+	(*SetPowerResponse)(nil),           // 9: obmesh.driver.v1.SetPowerResponse
+	(*PowerObservation)(nil),           // 10: obmesh.driver.v1.PowerObservation
+	(*SetBootDeviceRequest)(nil),       // 11: obmesh.driver.v1.SetBootDeviceRequest
+	(*IdentityResponse)(nil),           // 12: obmesh.driver.v1.IdentityResponse
+	(*ConsoleInput)(nil),               // 13: obmesh.driver.v1.ConsoleInput
+	(*ConsoleOutput)(nil),              // 14: obmesh.driver.v1.ConsoleOutput
+	(*EventCapabilitiesResponse)(nil),  // 15: obmesh.driver.v1.EventCapabilitiesResponse
+	(*Subscription)(nil),               // 16: obmesh.driver.v1.Subscription
+	(*ListSubscriptionsResponse)(nil),  // 17: obmesh.driver.v1.ListSubscriptionsResponse
+	(*CreateSubscriptionRequest)(nil),  // 18: obmesh.driver.v1.CreateSubscriptionRequest
+	(*DriverError)(nil),                // 19: obmesh.driver.v1.DriverError
+	(*CreateSubscriptionResponse)(nil), // 20: obmesh.driver.v1.CreateSubscriptionResponse
+	(*SubscriptionRequest)(nil),        // 21: obmesh.driver.v1.SubscriptionRequest
+	(*TestEventRequest)(nil),           // 22: obmesh.driver.v1.TestEventRequest
+	nil,                                // 23: obmesh.driver.v1.Node.OptionsEntry
+	nil,                                // 24: obmesh.driver.v1.IdentityResponse.ExtraEntry
+	nil,                                // 25: obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntry
 }
 var file_plugins_sdk_internal_driverpb_driver_proto_depIdxs = []int32{
-	21, // 0: obmesh.driver.v1.Node.options:type_name -> obmesh.driver.v1.Node.OptionsEntry
+	23, // 0: obmesh.driver.v1.Node.options:type_name -> obmesh.driver.v1.Node.OptionsEntry
 	3,  // 1: obmesh.driver.v1.OpenRequest.node:type_name -> obmesh.driver.v1.Node
-	22, // 2: obmesh.driver.v1.IdentityResponse.extra:type_name -> obmesh.driver.v1.IdentityResponse.ExtraEntry
-	14, // 3: obmesh.driver.v1.ListSubscriptionsResponse.subscriptions:type_name -> obmesh.driver.v1.Subscription
-	23, // 4: obmesh.driver.v1.CreateSubscriptionRequest.headers:type_name -> obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntry
-	14, // 5: obmesh.driver.v1.CreateSubscriptionResponse.subscription:type_name -> obmesh.driver.v1.Subscription
-	17, // 6: obmesh.driver.v1.CreateSubscriptionResponse.error:type_name -> obmesh.driver.v1.DriverError
-	1,  // 7: obmesh.driver.v1.Driver.Info:input_type -> obmesh.driver.v1.InfoRequest
-	4,  // 8: obmesh.driver.v1.Driver.Open:input_type -> obmesh.driver.v1.OpenRequest
-	6,  // 9: obmesh.driver.v1.Driver.Close:input_type -> obmesh.driver.v1.SessionRequest
-	6,  // 10: obmesh.driver.v1.Driver.PowerState:input_type -> obmesh.driver.v1.SessionRequest
-	8,  // 11: obmesh.driver.v1.Driver.SetPower:input_type -> obmesh.driver.v1.SetPowerRequest
-	9,  // 12: obmesh.driver.v1.Driver.SetBootDevice:input_type -> obmesh.driver.v1.SetBootDeviceRequest
-	6,  // 13: obmesh.driver.v1.Driver.Identity:input_type -> obmesh.driver.v1.SessionRequest
-	11, // 14: obmesh.driver.v1.Driver.Console:input_type -> obmesh.driver.v1.ConsoleInput
-	6,  // 15: obmesh.driver.v1.Driver.EventCapabilities:input_type -> obmesh.driver.v1.SessionRequest
-	6,  // 16: obmesh.driver.v1.Driver.ListSubscriptions:input_type -> obmesh.driver.v1.SessionRequest
-	16, // 17: obmesh.driver.v1.Driver.CreateSubscription:input_type -> obmesh.driver.v1.CreateSubscriptionRequest
-	19, // 18: obmesh.driver.v1.Driver.DeleteSubscription:input_type -> obmesh.driver.v1.SubscriptionRequest
-	19, // 19: obmesh.driver.v1.Driver.SetSubscriptionContext:input_type -> obmesh.driver.v1.SubscriptionRequest
-	19, // 20: obmesh.driver.v1.Driver.ResumeSubscription:input_type -> obmesh.driver.v1.SubscriptionRequest
-	20, // 21: obmesh.driver.v1.Driver.SendTestEvent:input_type -> obmesh.driver.v1.TestEventRequest
-	2,  // 22: obmesh.driver.v1.Driver.Info:output_type -> obmesh.driver.v1.InfoResponse
-	5,  // 23: obmesh.driver.v1.Driver.Open:output_type -> obmesh.driver.v1.OpenResponse
-	0,  // 24: obmesh.driver.v1.Driver.Close:output_type -> obmesh.driver.v1.Empty
-	7,  // 25: obmesh.driver.v1.Driver.PowerState:output_type -> obmesh.driver.v1.PowerStateResponse
-	0,  // 26: obmesh.driver.v1.Driver.SetPower:output_type -> obmesh.driver.v1.Empty
-	0,  // 27: obmesh.driver.v1.Driver.SetBootDevice:output_type -> obmesh.driver.v1.Empty
-	10, // 28: obmesh.driver.v1.Driver.Identity:output_type -> obmesh.driver.v1.IdentityResponse
-	12, // 29: obmesh.driver.v1.Driver.Console:output_type -> obmesh.driver.v1.ConsoleOutput
-	13, // 30: obmesh.driver.v1.Driver.EventCapabilities:output_type -> obmesh.driver.v1.EventCapabilitiesResponse
-	15, // 31: obmesh.driver.v1.Driver.ListSubscriptions:output_type -> obmesh.driver.v1.ListSubscriptionsResponse
-	18, // 32: obmesh.driver.v1.Driver.CreateSubscription:output_type -> obmesh.driver.v1.CreateSubscriptionResponse
-	0,  // 33: obmesh.driver.v1.Driver.DeleteSubscription:output_type -> obmesh.driver.v1.Empty
-	0,  // 34: obmesh.driver.v1.Driver.SetSubscriptionContext:output_type -> obmesh.driver.v1.Empty
-	0,  // 35: obmesh.driver.v1.Driver.ResumeSubscription:output_type -> obmesh.driver.v1.Empty
-	0,  // 36: obmesh.driver.v1.Driver.SendTestEvent:output_type -> obmesh.driver.v1.Empty
-	22, // [22:37] is the sub-list for method output_type
-	7,  // [7:22] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	10, // 2: obmesh.driver.v1.SetPowerResponse.observed:type_name -> obmesh.driver.v1.PowerObservation
+	24, // 3: obmesh.driver.v1.IdentityResponse.extra:type_name -> obmesh.driver.v1.IdentityResponse.ExtraEntry
+	16, // 4: obmesh.driver.v1.ListSubscriptionsResponse.subscriptions:type_name -> obmesh.driver.v1.Subscription
+	25, // 5: obmesh.driver.v1.CreateSubscriptionRequest.headers:type_name -> obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntry
+	16, // 6: obmesh.driver.v1.CreateSubscriptionResponse.subscription:type_name -> obmesh.driver.v1.Subscription
+	19, // 7: obmesh.driver.v1.CreateSubscriptionResponse.error:type_name -> obmesh.driver.v1.DriverError
+	1,  // 8: obmesh.driver.v1.Driver.Info:input_type -> obmesh.driver.v1.InfoRequest
+	4,  // 9: obmesh.driver.v1.Driver.Open:input_type -> obmesh.driver.v1.OpenRequest
+	6,  // 10: obmesh.driver.v1.Driver.Close:input_type -> obmesh.driver.v1.SessionRequest
+	6,  // 11: obmesh.driver.v1.Driver.PowerState:input_type -> obmesh.driver.v1.SessionRequest
+	8,  // 12: obmesh.driver.v1.Driver.SetPower:input_type -> obmesh.driver.v1.SetPowerRequest
+	11, // 13: obmesh.driver.v1.Driver.SetBootDevice:input_type -> obmesh.driver.v1.SetBootDeviceRequest
+	6,  // 14: obmesh.driver.v1.Driver.Identity:input_type -> obmesh.driver.v1.SessionRequest
+	13, // 15: obmesh.driver.v1.Driver.Console:input_type -> obmesh.driver.v1.ConsoleInput
+	6,  // 16: obmesh.driver.v1.Driver.EventCapabilities:input_type -> obmesh.driver.v1.SessionRequest
+	6,  // 17: obmesh.driver.v1.Driver.ListSubscriptions:input_type -> obmesh.driver.v1.SessionRequest
+	18, // 18: obmesh.driver.v1.Driver.CreateSubscription:input_type -> obmesh.driver.v1.CreateSubscriptionRequest
+	21, // 19: obmesh.driver.v1.Driver.DeleteSubscription:input_type -> obmesh.driver.v1.SubscriptionRequest
+	21, // 20: obmesh.driver.v1.Driver.SetSubscriptionContext:input_type -> obmesh.driver.v1.SubscriptionRequest
+	21, // 21: obmesh.driver.v1.Driver.ResumeSubscription:input_type -> obmesh.driver.v1.SubscriptionRequest
+	22, // 22: obmesh.driver.v1.Driver.SendTestEvent:input_type -> obmesh.driver.v1.TestEventRequest
+	4,  // 23: obmesh.driver.v1.Driver.ValidateOptions:input_type -> obmesh.driver.v1.OpenRequest
+	2,  // 24: obmesh.driver.v1.Driver.Info:output_type -> obmesh.driver.v1.InfoResponse
+	5,  // 25: obmesh.driver.v1.Driver.Open:output_type -> obmesh.driver.v1.OpenResponse
+	0,  // 26: obmesh.driver.v1.Driver.Close:output_type -> obmesh.driver.v1.Empty
+	7,  // 27: obmesh.driver.v1.Driver.PowerState:output_type -> obmesh.driver.v1.PowerStateResponse
+	9,  // 28: obmesh.driver.v1.Driver.SetPower:output_type -> obmesh.driver.v1.SetPowerResponse
+	0,  // 29: obmesh.driver.v1.Driver.SetBootDevice:output_type -> obmesh.driver.v1.Empty
+	12, // 30: obmesh.driver.v1.Driver.Identity:output_type -> obmesh.driver.v1.IdentityResponse
+	14, // 31: obmesh.driver.v1.Driver.Console:output_type -> obmesh.driver.v1.ConsoleOutput
+	15, // 32: obmesh.driver.v1.Driver.EventCapabilities:output_type -> obmesh.driver.v1.EventCapabilitiesResponse
+	17, // 33: obmesh.driver.v1.Driver.ListSubscriptions:output_type -> obmesh.driver.v1.ListSubscriptionsResponse
+	20, // 34: obmesh.driver.v1.Driver.CreateSubscription:output_type -> obmesh.driver.v1.CreateSubscriptionResponse
+	0,  // 35: obmesh.driver.v1.Driver.DeleteSubscription:output_type -> obmesh.driver.v1.Empty
+	0,  // 36: obmesh.driver.v1.Driver.SetSubscriptionContext:output_type -> obmesh.driver.v1.Empty
+	0,  // 37: obmesh.driver.v1.Driver.ResumeSubscription:output_type -> obmesh.driver.v1.Empty
+	0,  // 38: obmesh.driver.v1.Driver.SendTestEvent:output_type -> obmesh.driver.v1.Empty
+	0,  // 39: obmesh.driver.v1.Driver.ValidateOptions:output_type -> obmesh.driver.v1.Empty
+	24, // [24:40] is the sub-list for method output_type
+	8,  // [8:24] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_plugins_sdk_internal_driverpb_driver_proto_init() }
@@ -1612,7 +1734,7 @@ func file_plugins_sdk_internal_driverpb_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugins_sdk_internal_driverpb_driver_proto_rawDesc), len(file_plugins_sdk_internal_driverpb_driver_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -39,6 +39,7 @@ const (
 	Driver_SetSubscriptionContext_FullMethodName = "/obmesh.driver.v1.Driver/SetSubscriptionContext"
 	Driver_ResumeSubscription_FullMethodName     = "/obmesh.driver.v1.Driver/ResumeSubscription"
 	Driver_SendTestEvent_FullMethodName          = "/obmesh.driver.v1.Driver/SendTestEvent"
+	Driver_ValidateOptions_FullMethodName        = "/obmesh.driver.v1.Driver/ValidateOptions"
 )
 
 // DriverClient is the client API for Driver service.
@@ -57,8 +58,10 @@ type DriverClient interface {
 	Close(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*Empty, error)
 	// PowerState reads the current power state.
 	PowerState(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*PowerStateResponse, error)
-	// SetPower carries out a power action.
-	SetPower(ctx context.Context, in *SetPowerRequest, opts ...grpc.CallOption) (*Empty, error)
+	// SetPower carries out a power action. The response reports how it was
+	// carried out and what was observed; a failed call carries the same
+	// report as a SetPowerResponse in its status details.
+	SetPower(ctx context.Context, in *SetPowerRequest, opts ...grpc.CallOption) (*SetPowerResponse, error)
 	// SetBootDevice sets the next (or persistent) boot device.
 	SetBootDevice(ctx context.Context, in *SetBootDeviceRequest, opts ...grpc.CallOption) (*Empty, error)
 	// Identity reports the BMC's identity (vendor, model, firmware).
@@ -86,6 +89,10 @@ type DriverClient interface {
 	ResumeSubscription(ctx context.Context, in *SubscriptionRequest, opts ...grpc.CallOption) (*Empty, error)
 	// SendTestEvent asks the BMC to send a test event.
 	SendTestEvent(ctx context.Context, in *TestEventRequest, opts ...grpc.CallOption) (*Empty, error)
+	// ValidateOptions checks a node's address, credentials and options
+	// without contacting the BMC. A driver without such checks answers
+	// UNIMPLEMENTED (or the unsupported class).
+	ValidateOptions(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*Empty, error)
 }
 
 type driverClient struct {
@@ -136,9 +143,9 @@ func (c *driverClient) PowerState(ctx context.Context, in *SessionRequest, opts 
 	return out, nil
 }
 
-func (c *driverClient) SetPower(ctx context.Context, in *SetPowerRequest, opts ...grpc.CallOption) (*Empty, error) {
+func (c *driverClient) SetPower(ctx context.Context, in *SetPowerRequest, opts ...grpc.CallOption) (*SetPowerResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(Empty)
+	out := new(SetPowerResponse)
 	err := c.cc.Invoke(ctx, Driver_SetPower_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -249,6 +256,16 @@ func (c *driverClient) SendTestEvent(ctx context.Context, in *TestEventRequest, 
 	return out, nil
 }
 
+func (c *driverClient) ValidateOptions(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Driver_ValidateOptions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DriverServer is the server API for Driver service.
 // All implementations must embed UnimplementedDriverServer
 // for forward compatibility.
@@ -265,8 +282,10 @@ type DriverServer interface {
 	Close(context.Context, *SessionRequest) (*Empty, error)
 	// PowerState reads the current power state.
 	PowerState(context.Context, *SessionRequest) (*PowerStateResponse, error)
-	// SetPower carries out a power action.
-	SetPower(context.Context, *SetPowerRequest) (*Empty, error)
+	// SetPower carries out a power action. The response reports how it was
+	// carried out and what was observed; a failed call carries the same
+	// report as a SetPowerResponse in its status details.
+	SetPower(context.Context, *SetPowerRequest) (*SetPowerResponse, error)
 	// SetBootDevice sets the next (or persistent) boot device.
 	SetBootDevice(context.Context, *SetBootDeviceRequest) (*Empty, error)
 	// Identity reports the BMC's identity (vendor, model, firmware).
@@ -294,6 +313,10 @@ type DriverServer interface {
 	ResumeSubscription(context.Context, *SubscriptionRequest) (*Empty, error)
 	// SendTestEvent asks the BMC to send a test event.
 	SendTestEvent(context.Context, *TestEventRequest) (*Empty, error)
+	// ValidateOptions checks a node's address, credentials and options
+	// without contacting the BMC. A driver without such checks answers
+	// UNIMPLEMENTED (or the unsupported class).
+	ValidateOptions(context.Context, *OpenRequest) (*Empty, error)
 	mustEmbedUnimplementedDriverServer()
 }
 
@@ -316,7 +339,7 @@ func (UnimplementedDriverServer) Close(context.Context, *SessionRequest) (*Empty
 func (UnimplementedDriverServer) PowerState(context.Context, *SessionRequest) (*PowerStateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PowerState not implemented")
 }
-func (UnimplementedDriverServer) SetPower(context.Context, *SetPowerRequest) (*Empty, error) {
+func (UnimplementedDriverServer) SetPower(context.Context, *SetPowerRequest) (*SetPowerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetPower not implemented")
 }
 func (UnimplementedDriverServer) SetBootDevice(context.Context, *SetBootDeviceRequest) (*Empty, error) {
@@ -348,6 +371,9 @@ func (UnimplementedDriverServer) ResumeSubscription(context.Context, *Subscripti
 }
 func (UnimplementedDriverServer) SendTestEvent(context.Context, *TestEventRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method SendTestEvent not implemented")
+}
+func (UnimplementedDriverServer) ValidateOptions(context.Context, *OpenRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method ValidateOptions not implemented")
 }
 func (UnimplementedDriverServer) mustEmbedUnimplementedDriverServer() {}
 func (UnimplementedDriverServer) testEmbeddedByValue()                {}
@@ -629,6 +655,24 @@ func _Driver_SendTestEvent_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Driver_ValidateOptions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).ValidateOptions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_ValidateOptions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).ValidateOptions(ctx, req.(*OpenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Driver_ServiceDesc is the grpc.ServiceDesc for Driver service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -691,6 +735,10 @@ var Driver_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SendTestEvent",
 			Handler:    _Driver_SendTestEvent_Handler,
+		},
+		{
+			MethodName: "ValidateOptions",
+			Handler:    _Driver_ValidateOptions_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
