@@ -130,10 +130,19 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	members := cluster.New(self, st, clientTLS, s.logger)
 	defer members.Close()
 	var runner *ops.Runner
+	var relay relayHooks
 	svc := agentsvc.New(agentsvc.Config{ID: s.cfg.Name, Heartbeat: s.cfg.AgentLink.Heartbeat.D(), AgentWait: s.cfg.AgentLink.AgentWait.D(),
-		OnLateResult: func(agent string, r *agentpb.OperationResult) { runner.RecordLate(agent, r) }},
+		OnLateResult:  func(agent string, r *agentpb.OperationResult) { runner.RecordLate(agent, r) },
+		RelayConfig:   relay.config,
+		OnRelayReport: relay.report,
+		OnRelayEvent:  relay.event},
 		leadership{st, members}, s.logger)
 	runner = ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D()}, st.State(), keys, svc, st, st, s.logger)
+	// Hook for the event subscription service (coordinator/events): build it
+	// here from runner (Event, Relay), svc (Connected/RelayAgents,
+	// PushRelayConfig), st and keys, and set relay.Config, relay.Report and
+	// relay.Event to its methods before the listeners serve below. Until
+	// then agents get no relay configuration and relay traffic is ignored.
 	registry := ops.NewRegistry(st, keys, s.cfg.Operations.DefaultSite)
 	apiHandler := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, membership{st, members}, s.logger)
 
@@ -244,6 +253,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		grpcSrv.Stop()
 		<-stopped
 	}
+	svc.Wait() // relay pushers of the links that just ended
 	wg.Wait()
 	s.logger.Info("coordinator stopped")
 	return runErr
@@ -264,6 +274,35 @@ func (s *Server) RegisterNode(ctx context.Context, spec api.NodeSpec) error {
 	}
 	_, err := reg.Register(ctx, spec)
 	return err
+}
+
+// relayHooks carry the agent link's relay traffic to the event
+// subscription service once it is wired in (set before the link serves,
+// never changed after). Unset hooks send no configuration and drop reports
+// and events.
+type relayHooks struct {
+	Config func(agentID string, sites []string) (*agentpb.RelayConfig, error)
+	Report func(agentID string, r *agentpb.RelayReport)
+	Event  func(agentID string, e *agentpb.RelayEvent)
+}
+
+func (h *relayHooks) config(agentID string, sites []string) (*agentpb.RelayConfig, error) {
+	if h.Config == nil {
+		return nil, nil
+	}
+	return h.Config(agentID, sites)
+}
+
+func (h *relayHooks) report(agentID string, r *agentpb.RelayReport) {
+	if h.Report != nil {
+		h.Report(agentID, r)
+	}
+}
+
+func (h *relayHooks) event(agentID string, e *agentpb.RelayEvent) {
+	if h.Event != nil {
+		h.Event(agentID, e)
+	}
 }
 
 // leadership adapts the store and the member service to agentsvc.
