@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -597,12 +598,13 @@ func TestAgent_SlowLinkNeverBlocksTheRelay(t *testing.T) {
 
 	// A link that takes one event and then blocks until the test ends.
 	took := make(chan *agentpb.RelayEvent, 1)
+	var sends atomic.Int32
 	blocked := func(m *agentpb.AgentMessage) error {
-		select {
-		case took <- m.GetRelayEvent():
-		default:
-			<-ctx.Done()
+		if sends.Add(1) == 1 {
+			took <- m.GetRelayEvent()
+			return nil
 		}
+		<-ctx.Done()
 		return ctx.Err()
 	}
 	wg.Go(func() { a.forwardEvents(ctx, blocked, cancel) })
