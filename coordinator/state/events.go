@@ -305,10 +305,35 @@ type events struct {
 	bmcsubs    map[string]*BMCSub
 	tombstones []Tombstone
 	key        *Sealed
+	// subsOf and bmcsubsOf index subs and bmcsubs by node, so that reading
+	// one node's records does not scan every node's. Derived: never in a
+	// snapshot.
+	subsOf, bmcsubsOf byNode
 }
 
 func newEvents() events {
-	return events{subs: map[string]*Subscription{}, bmcsubs: map[string]*BMCSub{}}
+	return events{subs: map[string]*Subscription{}, bmcsubs: map[string]*BMCSub{}, subsOf: byNode{}, bmcsubsOf: byNode{}}
+}
+
+// byNode maps a node to the ids of its records.
+type byNode map[string]map[string]struct{}
+
+func (m byNode) add(node, id string) {
+	ids := m[node]
+	if ids == nil {
+		ids = map[string]struct{}{}
+		m[node] = ids
+	}
+	ids[id] = struct{}{}
+}
+
+func (m byNode) remove(node, id string) {
+	if ids := m[node]; ids != nil {
+		delete(ids, id)
+		if len(ids) == 0 {
+			delete(m, node)
+		}
+	}
 }
 
 // applyEvent applies an event command; handled is false for other types.
@@ -328,10 +353,12 @@ func (s *State) applyEvent(index uint64, c Command) (Result, bool) {
 		}
 		return Result{}, true
 	case RemoveSubscription:
-		if _, ok := s.ev.subs[c.ID]; !ok {
+		sub, ok := s.ev.subs[c.ID]
+		if !ok {
 			return Result{Err: fmt.Errorf("subscription %q: %w", c.ID, ErrNotFound)}, true
 		}
 		delete(s.ev.subs, c.ID)
+		s.ev.subsOf.remove(sub.Node, c.ID)
 		return Result{}, true
 	case SetSubscriptionStatus:
 		sub, ok := s.ev.subs[c.ID]
@@ -380,6 +407,7 @@ func (s *State) applyEvent(index uint64, c Command) (Result, bool) {
 			return Result{Err: fmt.Errorf("bmc subscription %q: %w", c.ID, ErrNotFound)}, true
 		}
 		delete(s.ev.bmcsubs, c.ID)
+		s.ev.bmcsubsOf.remove(b.Node, c.ID)
 		if c.Tombstone {
 			s.addTombstone(Tombstone{Node: b.Node, SID: b.ID, URI: b.URI, CreatedUnixNano: c.StampUnixNano})
 		}
@@ -434,6 +462,7 @@ func (s *State) createSubscription(index uint64, c CreateSubscription) Result {
 	sub.DeleteRequestedUnixNano = 0
 	sub.Status = SubscriptionStatus{State: SubPending}
 	s.ev.subs[sub.ID] = &sub
+	s.ev.subsOf.add(sub.Node, sub.ID)
 	return Result{}
 }
 
@@ -479,6 +508,7 @@ func (s *State) putBMCSub(index uint64, c PutBMCSub) Result {
 	b.Quirks = sortedSet(b.Quirks)
 	b.ModifyIndex = index
 	s.ev.bmcsubs[b.ID] = &b
+	s.ev.bmcsubsOf.add(b.Node, b.ID)
 	return Result{}
 }
 
@@ -505,6 +535,7 @@ func (s *State) cascadeNodeDelete(name string, stamp int64) {
 			delete(s.ev.subs, id)
 		}
 	}
+	delete(s.ev.subsOf, name)
 	var ids []string
 	for id, b := range s.ev.bmcsubs {
 		if b.Node == name {
@@ -517,6 +548,7 @@ func (s *State) cascadeNodeDelete(name string, stamp int64) {
 		s.addTombstone(Tombstone{Node: b.Node, SID: b.ID, URI: b.URI, CreatedUnixNano: stamp})
 		delete(s.ev.bmcsubs, id)
 	}
+	delete(s.ev.bmcsubsOf, name)
 }
 
 // ValidateSubscription checks a subscription's spec as the API and the
@@ -724,8 +756,12 @@ func (s *State) Subscriptions(node string) []Subscription {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	out := []Subscription{}
-	for _, sub := range s.ev.subs {
-		if node == "" || sub.Node == node {
+	if node != "" {
+		for id := range s.ev.subsOf[node] {
+			out = append(out, cloneSubscription(s.ev.subs[id]))
+		}
+	} else {
+		for _, sub := range s.ev.subs {
 			out = append(out, cloneSubscription(sub))
 		}
 	}
@@ -739,8 +775,12 @@ func (s *State) BMCSubs(node string) []BMCSub {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	out := []BMCSub{}
-	for _, b := range s.ev.bmcsubs {
-		if node == "" || b.Node == node {
+	if node != "" {
+		for id := range s.ev.bmcsubsOf[node] {
+			out = append(out, cloneBMCSub(s.ev.bmcsubs[id]))
+		}
+	} else {
+		for _, b := range s.ev.bmcsubs {
 			out = append(out, cloneBMCSub(b))
 		}
 	}
@@ -824,6 +864,7 @@ func (ns *State) restoreEvents(e eventSnapshot) error {
 		}
 		c := cloneSubscription(sub)
 		ns.ev.subs[c.ID] = &c
+		ns.ev.subsOf.add(c.Node, c.ID)
 	}
 	for _, b := range e.BMCSubs {
 		if b == nil || !validSID(b.ID) || b.Owner == "" {
@@ -837,6 +878,7 @@ func (ns *State) restoreEvents(e eventSnapshot) error {
 		}
 		c := cloneBMCSub(b)
 		ns.ev.bmcsubs[c.ID] = &c
+		ns.ev.bmcsubsOf.add(c.Node, c.ID)
 	}
 	for _, t := range e.Tombstones {
 		ns.addTombstone(t)
