@@ -485,6 +485,11 @@ func (s *Service) DispatchTo(ctx context.Context, agentID string, op *agentpb.Op
 // run sends op to c and waits for its result (or, for a console, its
 // stream), bounded by ctx.
 func (s *Service) run(ctx context.Context, c *conn, op *agentpb.Operation, consoleCh chan *ConsoleStream) (Result, *ConsoleStream, error) {
+	// A node's operation (and its BMC password) goes only to an agent of
+	// the node's site, whoever picked the agent.
+	if n := op.GetNode(); n != nil && !slices.Contains(c.sites, n.Site) {
+		return Result{Agent: c.id}, nil, fmt.Errorf("agent %s does not serve site %q of node %s: %w", c.id, n.Site, n.Name, ErrNoAgent)
+	}
 	ch := make(chan *agentpb.OperationResult, 1)
 	c.mu.Lock()
 	if c.closed {

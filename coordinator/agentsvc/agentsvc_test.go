@@ -233,9 +233,13 @@ func (a *fakeAgent) close() {
 	a.wg.Wait()
 }
 
-func op(id string) *agentpb.Operation {
+// op is an operation on a node of site s1.
+func op(id string) *agentpb.Operation { return opAt(id, "s1") }
+
+// opAt is an operation on a node of site.
+func opAt(id, site string) *agentpb.Operation {
 	return &agentpb.Operation{Id: id, Epoch: 7, Action: "power_status", DeadlineUnixNano: time.Now().Add(time.Minute).UnixNano(),
-		Node: &agentpb.Node{Name: "n1", Driver: "mock", Password: "secret-of-the-site"}}
+		Node: &agentpb.Node{Name: "n-" + site, Driver: "mock", Site: site, Password: "secret-of-the-site"}}
 }
 
 func TestConnect_SiteClaimsCheckedAgainstTheCertificate(t *testing.T) {
@@ -268,7 +272,7 @@ func TestConnect_SiteClaimsCheckedAgainstTheCertificate(t *testing.T) {
 		t.Fatalf("refused agents were registered: %v", got)
 	}
 	// None of them is ever sent an operation of site b.
-	_, err := l.svc.Dispatch(t.Context(), "b", "mock", op("op-b"))
+	_, err := l.svc.Dispatch(t.Context(), "b", "mock", opAt("op-b", "b"))
 	if !errors.Is(err, ErrNoAgent) {
 		t.Fatalf("Dispatch to site b after refusals = %v, want ErrNoAgent", err)
 	}
@@ -287,11 +291,11 @@ func TestConnect_SiteClaimsCheckedAgainstTheCertificate(t *testing.T) {
 				a.result(o.Id)
 			}
 		}()
-		res, err := l.svc.Dispatch(t.Context(), "a", "mock", op("op-a"))
+		res, err := l.svc.Dispatch(t.Context(), "a", "mock", opAt("op-a", "a"))
 		if err != nil || res.Agent != "agent-ac" || !res.Ok {
 			t.Errorf("Dispatch to site a = %+v, %v", res, err)
 		}
-		if _, err := l.svc.Dispatch(t.Context(), "c", "mock", op("op-c")); !errors.Is(err, ErrNoAgent) {
+		if _, err := l.svc.Dispatch(t.Context(), "c", "mock", opAt("op-c", "c")); !errors.Is(err, ErrNoAgent) {
 			t.Errorf("Dispatch to site c (in the certificate, not claimed) = %v, want ErrNoAgent", err)
 		}
 	})
@@ -318,7 +322,7 @@ func TestDispatch_LostAgentFailsInFlightOperationsAtOnce(t *testing.T) {
 	}
 	done := make(chan outcome, 1)
 	go func() {
-		res, err := l.svc.Dispatch(ctx, "s1", "mock", op("op-1"))
+		res, err := l.svc.Dispatch(ctx, "s1", "mock", opAt("op-1", "s1"))
 		done <- outcome{res, err, time.Now()}
 	}()
 	select {
@@ -355,7 +359,7 @@ func TestDispatch_LostAgentFailsInFlightOperationsAtOnce(t *testing.T) {
 	if st := l.svc.Connected(); len(st) != 1 || st[0].ID != "agent-1" || st[0].Healthy || st[0].LastContact.After(stopped) {
 		t.Errorf("Connected() after the agent was lost = %+v, want agent-1 unhealthy with its last contact", st)
 	}
-	if _, err := l.svc.Dispatch(ctx, "s1", "mock", op("op-2")); !errors.Is(err, ErrNoAgent) {
+	if _, err := l.svc.Dispatch(ctx, "s1", "mock", opAt("op-2", "s1")); !errors.Is(err, ErrNoAgent) {
 		t.Errorf("Dispatch with the only agent lost = %v, want ErrNoAgent", err)
 	}
 	// When it comes back it is healthy again.
@@ -386,8 +390,42 @@ func TestDispatch_SlowOperationOnHealthyAgentIsNotLost(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	res, err := l.svc.Dispatch(ctx, "s1", "mock", op("op-slow"))
+	res, err := l.svc.Dispatch(ctx, "s1", "mock", opAt("op-slow", "s1"))
 	if err != nil || !res.Ok {
 		t.Fatalf("slow operation on a heartbeating agent = %+v, %v", res, err)
+	}
+}
+
+// However an agent was chosen (DispatchTo names one), a node's operation
+// and its BMC password go only to an agent serving the node's site.
+func TestDispatchTo_NodeOfAnotherSiteNeverSent(t *testing.T) {
+	l := newLink(t, Config{Heartbeat: 100 * time.Millisecond, AgentWait: time.Second})
+	// Certified for s1 and s2, serving s1 only.
+	a, err := l.dial(l.agentCert("agent-1", "s1", "s2"), "agent-1", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := l.svc.DispatchTo(ctx, "agent-1", opAt("op-s2", "s2")); !errors.Is(err, ErrNoAgent) {
+		t.Fatalf("DispatchTo of a site-s2 node to an agent serving s1 = %v, want ErrNoAgent", err)
+	}
+	go func() {
+		if o, ok := <-a.ops; ok {
+			a.result(o.Id)
+		}
+	}()
+	res, err := l.svc.DispatchTo(ctx, "agent-1", opAt("op-s1", "s1"))
+	if err != nil || !res.Ok {
+		t.Fatalf("DispatchTo of a site-s1 node = %+v, %v", res, err)
+	}
+	// The first operation the agent received was the s1 one (the answered
+	// one); the s2 operation never reached it.
+	select {
+	case o, ok := <-a.ops:
+		if ok {
+			t.Errorf("the agent received another operation: %s", o.Id)
+		}
+	default:
 	}
 }
