@@ -108,6 +108,7 @@ func Parse(fs *flag.FlagSet, args []string) ([]string, error) {
 type clientFlags struct {
 	addr, token, output string
 	timeout             time.Duration
+	tls                 TLSFiles
 }
 
 func (f *clientFlags) register(fs *flag.FlagSet, env Env) {
@@ -115,6 +116,9 @@ func (f *clientFlags) register(fs *flag.FlagSet, env Env) {
 	fs.StringVar(&f.token, "token", env.Getenv("OBMESH_TOKEN"), "admin token (env OBMESH_TOKEN)")
 	fs.StringVar(&f.output, "o", "table", "output format: table or json")
 	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "how long to wait for the answer")
+	fs.StringVar(&f.tls.CA, "ca-file", env.Getenv("OBMESH_CACERT"), "CA certificate (PEM) that signed the API's certificate (env OBMESH_CACERT)")
+	fs.StringVar(&f.tls.Cert, "client-cert", env.Getenv("OBMESH_CLIENT_CERT"), "client certificate (PEM), if the API asks for one (env OBMESH_CLIENT_CERT)")
+	fs.StringVar(&f.tls.Key, "client-key", env.Getenv("OBMESH_CLIENT_KEY"), "the client certificate's key (env OBMESH_CLIENT_KEY)")
 }
 
 func (f *clientFlags) client() (*api.Client, error) {
@@ -127,7 +131,15 @@ func (f *clientFlags) client() (*api.Client, error) {
 	if f.output != "table" && f.output != "json" {
 		return nil, fmt.Errorf("-o %q: use table or json", f.output)
 	}
-	return api.NewClient(f.addr, f.token, nil), nil
+	hc, err := NewHTTPClient(f.tls)
+	if err != nil {
+		return nil, err
+	}
+	addr := f.addr
+	if f.tls.Set() && !strings.Contains(addr, "://") {
+		addr = "https://" + addr // TLS settings without a scheme mean HTTPS
+	}
+	return api.NewClient(addr, f.token, hc), nil
 }
 
 // apiCommand builds a leaf that parses client flags plus its own, checks
