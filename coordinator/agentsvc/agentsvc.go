@@ -531,7 +531,8 @@ func (s *Service) run(ctx context.Context, c *conn, op *agentpb.Operation, conso
 // operation: it hands the stream to the waiting OpenConsole and keeps it
 // open until the ConsoleStream is closed or the agent goes away.
 func (s *Service) Console(stream agentpb.AgentLink_ConsoleServer) error {
-	if _, _, err := agentIdentity(stream.Context()); err != nil {
+	name, _, err := agentIdentity(stream.Context())
+	if err != nil {
 		return status.Error(codes.PermissionDenied, err.Error())
 	}
 	first, err := stream.Recv()
@@ -541,8 +542,17 @@ func (s *Service) Console(stream agentpb.AgentLink_ConsoleServer) error {
 	cs := &ConsoleStream{stream: stream, release: make(chan struct{})}
 	s.mu.Lock()
 	ch, ok := s.consoles[first.OpId]
-	delete(s.consoles, first.OpId)
+	// Only the agent the console_open was sent to (it is still pending
+	// there) may answer it.
+	if c := s.conns[name]; ok && c != nil {
+		c.mu.Lock()
+		_, ok = c.pending[first.OpId]
+		c.mu.Unlock()
+	} else {
+		ok = false
+	}
 	if ok {
+		delete(s.consoles, first.OpId)
 		ch <- cs // capacity 1, one hand-over per operation: never blocks
 	}
 	s.mu.Unlock()

@@ -139,6 +139,7 @@ func (l *link) legacyAgentCert(id string) tlsutil.Files {
 // fakeAgent is a hand-written agent: it says hello, heartbeats while told
 // to, and hands the operations it receives to the test.
 type fakeAgent struct {
+	cc      *grpc.ClientConn
 	stream  agentpb.AgentLink_ConnectClient
 	sendMu  sync.Mutex
 	welcome *agentpb.Welcome
@@ -169,7 +170,7 @@ func (l *link) dial(f tlsutil.Files, id string, sites ...string) (*fakeAgent, er
 		cancel()
 		return nil, err
 	}
-	a := &fakeAgent{stream: stream, ops: make(chan *agentpb.Operation, 16), beat: make(chan bool, 1), cancel: cancel}
+	a := &fakeAgent{cc: cc, stream: stream, ops: make(chan *agentpb.Operation, 16), beat: make(chan bool, 1), cancel: cancel}
 	hello := &agentpb.Hello{AgentId: id, Sites: sites, Version: "test", Drivers: []*agentpb.Driver{{Name: "mock", Version: "1"}}}
 	if err := a.send(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_Hello{Hello: hello}}); err != nil {
 		cancel()
@@ -428,4 +429,70 @@ func TestDispatchTo_NodeOfAnotherSiteNeverSent(t *testing.T) {
 		}
 	default:
 	}
+}
+
+// A console stream is handed over only from the agent the console_open was
+// sent to: another agent that learned the operation id gets nothing.
+func TestConsole_OnlyFromTheAgentItWasSentTo(t *testing.T) {
+	l := newLink(t, Config{Heartbeat: 100 * time.Millisecond, AgentWait: time.Second})
+	a1, err := l.dial(l.agentCert("agent-1", "s1"), "agent-1", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := l.dial(l.agentCert("agent-2", "s2"), "agent-2", "s2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	type opened struct {
+		cs  *ConsoleStream
+		err error
+	}
+	done := make(chan opened, 1)
+	o := opAt("op-console", "s1")
+	o.Action = "console_open"
+	go func() {
+		_, cs, err := l.svc.OpenConsole(ctx, "s1", "mock", o)
+		done <- opened{cs, err}
+	}()
+	select {
+	case <-a1.ops:
+	case <-time.After(10 * time.Second):
+		t.Fatal("console_open never reached agent-1")
+	}
+	attach := func(a *fakeAgent) (agentpb.AgentLink_ConsoleClient, error) {
+		st, err := agentpb.NewAgentLinkClient(a.cc).Console(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := st.Send(&agentpb.ConsoleFrame{OpId: o.Id}); err != nil {
+			return nil, err
+		}
+		return st, nil
+	}
+	// agent-2 tries to answer it: refused, and OpenConsole keeps waiting.
+	st2, err := attach(a2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st2.Recv(); status.Code(err) != codes.NotFound {
+		t.Fatalf("console stream from the wrong agent: Recv = %v, want NotFound", err)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("OpenConsole returned %+v after another agent attached", r)
+	default:
+	}
+	// agent-1 answers it.
+	st1, err := attach(a1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st1.CloseSend()
+	r := <-done
+	if r.err != nil || r.cs == nil {
+		t.Fatalf("OpenConsole = %+v", r)
+	}
+	r.cs.Close()
 }
