@@ -544,12 +544,18 @@ func (e *env) verify(id string) {
 // waitFor polls cond until it holds or 15 seconds pass.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	waitForD(t, 15*time.Second, what, cond, 2*time.Millisecond)
+}
+
+// waitForD polls cond every poll until it holds or d passes.
+func waitForD(t testing.TB, d time.Duration, what string, cond func() bool, poll time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting until %s", what)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(poll)
 	}
 }
 

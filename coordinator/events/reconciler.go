@@ -489,7 +489,7 @@ func terminalKey(fp string, b state.BMCSub) string {
 // run read runs again; a relay subscription whose agent is gone (past the
 // grace period) while another agent could take it runs again.
 func (r *reconciler) scanLoop(ctx context.Context) {
-	t := time.NewTicker(r.cfg.ScanInterval)
+	t := time.NewTimer(r.cfg.ScanInterval)
 	defer t.Stop()
 	lastIndex := uint64(0)
 	lastAgents := ""
@@ -503,11 +503,16 @@ func (r *reconciler) scanLoop(ctx context.Context) {
 		agents := r.updateAgents()
 		r.scans.Add(1)
 		idx := r.s.store.State().Index()
-		if idx == lastIndex && agents == lastAgents && (graceCheck.IsZero() || time.Now().Before(graceCheck)) {
-			continue
+		wait := r.cfg.ScanInterval
+		if idx != lastIndex || agents != lastAgents || (!graceCheck.IsZero() && !time.Now().Before(graceCheck)) {
+			lastIndex, lastAgents = idx, agents
+			start := time.Now()
+			graceCheck = r.scan()
+			// A full scan reads every record: with many nodes it must not
+			// take more than a tenth of the time.
+			wait = max(wait, 10*time.Since(start))
 		}
-		lastIndex, lastAgents = idx, agents
-		graceCheck = r.scan()
+		t.Reset(wait)
 	}
 }
 
