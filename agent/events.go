@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"math"
+	"net/url"
+	"strings"
 
 	"github.com/obmesh/obmesh/internal/agentpb"
 	"github.com/obmesh/obmesh/plugins/sdk"
@@ -28,12 +30,34 @@ func isEventAction(a string) bool {
 	return false
 }
 
+// minTokenLen is the length from which a destination's path segment or
+// query value is treated as a secret: relay node tokens (22 characters) and
+// the tokens webhook URLs carry.
+const minTokenLen = 16
+
 // eventSecrets lists the secrets an event operation carries besides the
-// BMC password: the header values of a subscription spec.
+// BMC password: the header values of a subscription spec, and the tokens in
+// its destination (a relay destination's path holds the node's token; a
+// webhook URL often holds one too). BMCs echo destinations in their errors.
 func eventSecrets(req *agentpb.EventRequest, password string) []string {
 	out := []string{password}
-	for _, v := range req.GetSpec().GetHeaders() {
+	spec := req.GetSpec()
+	for _, v := range spec.GetHeaders() {
 		out = append(out, v)
+	}
+	if u, err := url.Parse(spec.GetDestination()); err == nil {
+		for _, seg := range strings.Split(u.Path, "/") {
+			if len(seg) >= minTokenLen {
+				out = append(out, seg)
+			}
+		}
+		for _, vs := range u.Query() {
+			for _, v := range vs {
+				if len(v) >= minTokenLen {
+					out = append(out, v)
+				}
+			}
+		}
 	}
 	return out
 }

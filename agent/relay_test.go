@@ -564,6 +564,27 @@ func TestAgent_EventOperationsThroughRedfishPlugin(t *testing.T) {
 	if got := rf.SessionsCreated(); got != 1 {
 		t.Errorf("BMC sessions created = %d, want 1 (one session reused)", got)
 	}
+	// A BMC that echoes a refused destination in its error: the node's
+	// token in the relay path never comes back in the message.
+	strict, err := bmcsim.StartRedfish(bmcsim.RedfishConfig{Mockup: dirM, Users: map[string]bmcsim.RedfishUser{"admin": {Password: "pw-canary", Role: "Administrator"}},
+		Events: bmcsim.RedfishEvents{HTTPSOnly: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer strict.Close()
+	strictNode := &agentpb.Node{Name: "n2", Key: "n2@1", Driver: "redfish", Site: "s1", Address: strict.URL, Username: "admin", Password: "pw-canary",
+		Options: map[string]string{"ca_cert": string(strict.CACertPEM)}}
+	httpDest := "http://127.0.0.1:9/redfish-events/v1/" + testToken + "/sid-9/1"
+	r := l.do(t, &agentpb.Operation{Id: "strict", Epoch: 2, Action: "event_subscribe", Node: strictNode,
+		Event: &agentpb.EventRequest{Spec: &agentpb.EventSpec{Destination: httpDest, Headers: map[string]string{"X-Relay-Auth": header}}}})
+	if r.Ok || r.ErrorClass != string(sdk.ClassInvalid) || !sdk.HasQuirk(r.GetEvent().GetQuirks(), sdk.QuirkHTTPSOnly) {
+		t.Fatalf("http destination on an https-only BMC = %v, want invalid_argument with the https_only quirk", r)
+	}
+	if strings.Contains(r.ErrorMessage, testToken) || strings.Contains(r.ErrorMessage, header) {
+		t.Errorf("error message carries a secret: %q", r.ErrorMessage)
+	}
+	t.Logf("https-only refusal: %s", r.ErrorMessage)
+
 	// A wrong password is the auth class, without the password.
 	node.Password = "wrong-canary-pw"
 	if r := do("event_list", 2, nil); r.ErrorClass != string(sdk.ClassAuth) || strings.Contains(r.ErrorMessage, "wrong-canary-pw") {
@@ -680,5 +701,24 @@ func TestConfig_Relay(t *testing.T) {
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%s: Validate = %v, want %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestScrub_EventSecrets: an event operation's error never carries its
+// header values nor the tokens in its destination (a relay node token in
+// the path, a webhook token in the query), whoever echoed them.
+func TestScrub_EventSecrets(t *testing.T) {
+	req := &agentpb.EventRequest{Spec: &agentpb.EventSpec{
+		Destination: "https://10.0.0.5:8443/redfish-events/v1/" + testToken + "/s/1?key=webhook-secret-0123456789",
+		Headers:     map[string]string{"Authorization": "Bearer header-secret-value"}}}
+	echo := sdk.Errorf(sdk.ClassInvalid, "BMC refused Destination %s with headers %v", req.Spec.Destination, req.Spec.Headers)
+	got := scrub(echo, eventSecrets(req, "bmc-password-long")...)
+	for _, secret := range []string{testToken, "webhook-secret-0123456789", "header-secret-value"} {
+		if strings.Contains(got.Error(), secret) {
+			t.Errorf("scrubbed error %q still holds %q", got, secret)
+		}
+	}
+	if !errors.Is(got, sdk.ErrInvalid) || !strings.Contains(got.Error(), "https://10.0.0.5:8443/redfish-events/v1/") {
+		t.Errorf("scrubbed error = %q (class %s), want the class and the rest of the message kept", got, sdk.ClassOf(got))
 	}
 }
