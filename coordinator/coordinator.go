@@ -24,6 +24,7 @@ import (
 	"github.com/obmesh/obmesh/coordinator/apiserver"
 	"github.com/obmesh/obmesh/coordinator/cluster"
 	"github.com/obmesh/obmesh/coordinator/cluster/clusterpb"
+	"github.com/obmesh/obmesh/coordinator/events"
 	"github.com/obmesh/obmesh/coordinator/ops"
 	"github.com/obmesh/obmesh/coordinator/seal"
 	"github.com/obmesh/obmesh/coordinator/state"
@@ -138,13 +139,17 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		OnRelayEvent:  relay.event},
 		leadership{st, members}, s.logger)
 	runner = ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D()}, st.State(), keys, svc, st, st, s.logger)
-	// Hook for the event subscription service (coordinator/events): build it
-	// here from runner (Event, Relay), svc (Connected/RelayAgents,
-	// PushRelayConfig), st and keys, and set relay.Config, relay.Report and
-	// relay.Event to its methods before the listeners serve below. Until
-	// then agents get no relay configuration and relay traffic is ignored.
+	// Event subscriptions: the service the API calls, the relay traffic of
+	// the agent link, and the reconciler it runs while this member leads.
+	evs := events.New(events.Config{
+		AllowHTTPDestinations: s.cfg.Events.AllowHTTPDestinations, ResyncInterval: s.cfg.Events.ResyncInterval.D(),
+		RateQPS: s.cfg.Events.RateQPS, RateBurst: s.cfg.Events.RateBurst, DeleteTimeout: s.cfg.Events.DeleteTimeout.D(),
+		Agents: func() []events.Agent { return eventAgents(svc) }, PushRelayConfig: svc.PushRelayConfig,
+	}, st, keys, runner, s.logger)
+	relay.Config, relay.Report, relay.Event = evs.RelayConfig, evs.OnRelayReport, evs.OnRelayEvent
 	registry := ops.NewRegistry(st, keys, s.cfg.Operations.DefaultSite)
 	apiHandler := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, membership{st, members}, s.logger)
+	apiHandler.SetEvents(evs)
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", apiHandler)
@@ -214,6 +219,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 				return
 			case leader := <-st.LeaderCh():
 				s.logger.Info("leadership changed", "leader", leader, "epoch", st.Epoch())
+				evs.LeadershipChanged()
 				if !leader {
 					svc.DisconnectAll()
 				}
@@ -232,6 +238,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		})
 	}
 	wg.Go(func() { members.KeepRecorded(wctx) })
+	wg.Go(func() { evs.Run(wctx) })
 	s.logger.Info("coordinator started", "http", s.httpAddr, "agent_link", s.linkAddr, "raft", st.RaftAddr())
 	close(s.ready)
 
@@ -303,6 +310,15 @@ func (h *relayHooks) event(agentID string, e *agentpb.RelayEvent) {
 	if h.Event != nil {
 		h.Event(agentID, e)
 	}
+}
+
+// eventAgents lists the connected agents for the event reconciler.
+func eventAgents(svc *agentsvc.Service) []events.Agent {
+	var out []events.Agent
+	for _, a := range svc.Connected() {
+		out = append(out, events.Agent{ID: a.ID, Sites: a.Sites, Healthy: a.Healthy, RelayURL: a.RelayURL})
+	}
+	return out
 }
 
 // leadership adapts the store and the member service to agentsvc.

@@ -655,6 +655,14 @@ func (r *reconciler) relayTarget(node state.Node, current string) (id, url strin
 		r.agentMu.Lock()
 		u := r.agentURL[current]
 		r.agentMu.Unlock()
+		if u == "" {
+			// Not seen by this leader yet: what it announced last time.
+			for _, a := range r.s.store.State().Agents() {
+				if a.ID == current {
+					u = a.RelayURL
+				}
+			}
+		}
 		if u != "" {
 			return current, u, true, false
 		}
