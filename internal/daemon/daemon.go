@@ -1,12 +1,18 @@
 // Package daemon implements obmesh's long-running and setup commands:
-// coordinator, agent, plugin, dev, tls and keyring. It wires configuration
-// to coordinator.New and agent.New, exactly as tests do.
+// coordinator, agent, plugin, dev, tls, token, keyring, version and
+// completion. It wires configuration to coordinator.New and agent.New,
+// exactly as tests do. Before a coordinator or an agent starts it refuses
+// secret files (tokens, keyring, private keys) that are missing or that
+// group or others may read, warns when a certificate does not cover the
+// addresses others dial, and takes its data directory's lock (LockDir), so
+// a second process on the same directory fails at once.
 package daemon
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -45,15 +51,14 @@ func Root() *cli.Command {
 		&cli.Command{Name: "dev", Synopsis: "Run a single-process development cluster with simulated nodes", Run: runDev},
 		&cli.Command{Name: "bmcsim", Synopsis: "Run simulated BMCs on loopback", Run: runBMCSim},
 		tlsCommand(),
+		tokenCommand(),
 		importCommand(),
 		&cli.Command{Name: "keyring", Synopsis: "Create the keyring that seals BMC credentials", Subs: []*cli.Command{
 			{Name: "create", Synopsis: "Create a keyring file: obmesh keyring create FILE", Run: runKeyringCreate},
 		}},
-		&cli.Command{Name: "version", Synopsis: "Print the version", Run: func(_ context.Context, env cli.Env, _ []string) int {
-			fmt.Fprintf(env.Stdout, "obmesh %s\n", coordinator.Version)
-			return 0
-		}},
+		versionCommand(),
 	)
+	root.Subs = append(root.Subs, completionCommand(root))
 	return root
 }
 
@@ -83,8 +88,12 @@ type runner interface {
 
 // runDaemon is the shape of `obmesh coordinator` and `obmesh agent`:
 // -config FILE (strict TOML), -log-level, New, Run until a signal.
+// prepare checks the files and takes the locks of a loaded config; the
+// returned release runs when the daemon has stopped.
 func runDaemon[C any](ctx context.Context, env cli.Env, args []string, name, usage string,
-	load func(string) (C, error), level func(*C) *string, build func(C, *slog.Logger) (runner, error)) int {
+	load func(string) (C, error), level func(*C) *string,
+	prepare func(c C, path string, log *slog.Logger) (release func(), err error),
+	build func(C, *slog.Logger) (runner, error)) int {
 	fs := newFlagSet(env, name, usage)
 	path := fs.String("config", "", name+" config file (TOML)")
 	lvl := fs.String("log-level", "", "override log_level")
@@ -106,6 +115,11 @@ func runDaemon[C any](ctx context.Context, env cli.Env, args []string, name, usa
 	if err != nil {
 		return fail(env, name, err)
 	}
+	release, err := prepare(cfg, *path, log)
+	if err != nil {
+		return fail(env, name, err)
+	}
+	defer release()
 	r, err := build(cfg, log)
 	if err != nil {
 		return fail(env, name, err)
@@ -118,13 +132,44 @@ func runDaemon[C any](ctx context.Context, env cli.Env, args []string, name, usa
 
 func runCoordinator(ctx context.Context, env cli.Env, args []string) int {
 	return runDaemon(ctx, env, args, "coordinator", "coordinator -config FILE", coordinator.LoadConfig,
-		func(c *coordinator.Config) *string { return &c.LogLevel },
+		func(c *coordinator.Config) *string { return &c.LogLevel }, prepareCoordinator,
 		func(c coordinator.Config, l *slog.Logger) (runner, error) { return coordinator.New(c, l) })
+}
+
+// prepareCoordinator refuses unsafe secret files, warns about certificates
+// that do not cover the coordinator's addresses and locks its data_dir.
+func prepareCoordinator(c coordinator.Config, path string, log *slog.Logger) (func(), error) {
+	if err := checkSecretFiles(coordinatorSecrets(c, path)); err != nil {
+		return nil, err
+	}
+	logWarnings(log, coordinatorCertWarnings(c))
+	lock, err := LockDir(c.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	return lock.Release, nil
+}
+
+// prepareAgent refuses unsafe secret files, warns about a certificate the
+// coordinators will refuse and locks the relay's data_dir.
+func prepareAgent(c agent.Config, _ string, log *slog.Logger) (func(), error) {
+	if err := checkSecretFiles(agentSecrets(c)); err != nil {
+		return nil, err
+	}
+	logWarnings(log, agentCertWarnings(c))
+	if !c.Relay.Enabled() {
+		return func() {}, nil
+	}
+	lock, err := LockDir(c.Relay.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	return lock.Release, nil
 }
 
 func runAgent(ctx context.Context, env cli.Env, args []string) int {
 	return runDaemon(ctx, env, args, "agent", "agent -config FILE   (or: obmesh agent list)", agent.LoadConfig,
-		func(c *agent.Config) *string { return &c.LogLevel },
+		func(c *agent.Config) *string { return &c.LogLevel }, prepareAgent,
 		func(c agent.Config, l *slog.Logger) (runner, error) { return agent.New(c, l) })
 }
 
@@ -183,33 +228,53 @@ func tlsCommand() *cli.Command {
 		return 0
 	}
 	certCreate := func(_ context.Context, env cli.Env, args []string) int {
-		fs := newFlagSet(env, "tls cert create", "tls cert create -agent -name ID -sites s1,s2 | -coordinator -name NAME [-hosts h1,h2] [-ca-dir DIR] [-out DIR]")
+		fs := newFlagSet(env, "tls cert create", "tls cert create -agent -name ID -sites s1,s2 | -coordinator -name NAME -hosts h1,h2 | -api [-name api] -hosts h1,h2 [-ca-dir DIR] [-out DIR]")
 		isAgent := fs.Bool("agent", false, "issue an agent certificate (NAME is the agent id)")
-		isCoord := fs.Bool("coordinator", false, "issue a coordinator certificate")
-		name := fs.String("name", "", "agent id or coordinator name")
+		isCoord := fs.Bool("coordinator", false, "issue a coordinator certificate (agent link, cluster link and Raft)")
+		isAPI := fs.Bool("api", false, "issue the HTTPS API's server certificate (http.tls_cert, http.tls_key); clients trust the CA with -ca-file or OBMESH_CACERT")
+		name := fs.String("name", "", "agent id or coordinator name (-api: default \"api\")")
 		caDir := fs.String("ca-dir", ".", "directory holding ca.pem and ca-key.pem")
 		out := fs.String("out", ".", "directory for NAME.pem and NAME-key.pem")
-		hosts := fs.String("hosts", "localhost,127.0.0.1,::1", "coordinator: comma-separated DNS names and IPs")
+		hosts := fs.String("hosts", "localhost,127.0.0.1,::1", "coordinator and api: comma-separated DNS names and IPs that clients dial (every advertised address's host)")
 		sites := fs.String("sites", "", "agent (required): comma-separated sites the agent may serve; the coordinator refuses any other")
 		validity := fs.Duration("validity", 2*365*24*time.Hour, "how long the certificate is valid")
 		if _, err := cli.Parse(fs, args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
 			return 2
 		}
-		if *isAgent == *isCoord || *name == "" {
-			fmt.Fprintln(env.Stderr, "obmesh tls cert create: pass exactly one of -agent or -coordinator, and -name")
+		hostsSet := false
+		fs.Visit(func(f *flag.Flag) { hostsSet = hostsSet || f.Name == "hosts" })
+		if *isAPI && *name == "" {
+			*name = "api"
+		}
+		if n := btoi(*isAgent) + btoi(*isCoord) + btoi(*isAPI); n != 1 || *name == "" {
+			fmt.Fprintln(env.Stderr, "obmesh tls cert create: pass exactly one of -agent, -coordinator or -api, and -name")
+			return 2
+		}
+		if *isAPI && !hostsSet {
+			fmt.Fprintln(env.Stderr, "obmesh tls cert create: an API certificate needs -hosts: the DNS names and IPs clients use to reach the API (e.g. -hosts obmesh.example.org,10.0.0.11)")
+			return 2
+		}
+		if *isAgent && hostsSet {
+			fmt.Fprintln(env.Stderr, "obmesh tls cert create: -hosts is for coordinator and API certificates")
 			return 2
 		}
 		if *isAgent && len(splitList(*sites)) == 0 {
 			fmt.Fprintln(env.Stderr, "obmesh tls cert create: an agent certificate needs -sites: the sites the agent may serve (e.g. -sites default)")
 			return 2
 		}
-		if *isCoord && *sites != "" {
+		if !*isAgent && *sites != "" {
 			fmt.Fprintln(env.Stderr, "obmesh tls cert create: -sites is for agent certificates")
 			return 2
 		}
 		role := tlsutil.RoleAgent
-		if *isCoord {
+		switch {
+		case *isCoord:
 			role = tlsutil.RoleCoordinator
+		case *isAPI:
+			role = tlsutil.RoleAPI
 		}
 		cert, key := filepath.Join(*out, *name+".pem"), filepath.Join(*out, *name+"-key.pem")
 		req := tlsutil.CertRequest{Role: role, Name: *name, Validity: *validity}
@@ -223,12 +288,22 @@ func tlsCommand() *cli.Command {
 			return fail(env, "tls cert create", err)
 		}
 		fmt.Fprintf(env.Stdout, "created %s and %s\n", cert, key)
+		if *isCoord && !hostsSet {
+			fmt.Fprintf(env.Stderr, "note: without -hosts the certificate is valid for localhost, 127.0.0.1 and ::1 only: agents and members dialling %s at another address refuse it\n", *name)
+		}
 		return 0
 	}
-	return &cli.Command{Name: "tls", Synopsis: "Create the agent link's CA and certificates", Subs: []*cli.Command{
+	return &cli.Command{Name: "tls", Synopsis: "Create the CA and the certificates of the agent link, Raft and the HTTPS API", Subs: []*cli.Command{
 		{Name: "ca", Synopsis: "Certificate authority", Subs: []*cli.Command{{Name: "create", Synopsis: "Create a CA", Run: caCreate}}},
-		{Name: "cert", Synopsis: "Certificates", Subs: []*cli.Command{{Name: "create", Synopsis: "Issue an agent or coordinator certificate", Run: certCreate}}},
+		{Name: "cert", Synopsis: "Certificates", Subs: []*cli.Command{{Name: "create", Synopsis: "Issue an agent, coordinator or API certificate", Run: certCreate}}},
 	}}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func splitList(s string) []string {

@@ -128,9 +128,13 @@ func runDev(ctx context.Context, env cli.Env, args []string) int {
 			return fail(env, "dev", err)
 		}
 		defer os.RemoveAll(dir)
-	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+	}
+	// A second obmesh dev on the same directory fails here, at once.
+	lock, err := LockDir(dir)
+	if err != nil {
 		return fail(env, "dev", err)
 	}
+	defer lock.Release()
 	cc, ac, err := DevSetup(dir, *httpAddr)
 	if err != nil {
 		return fail(env, "dev", err)
@@ -162,7 +166,7 @@ func runDev(ctx context.Context, env cli.Env, args []string) int {
 	for _, b := range fleet.IPMI {
 		nodes = append(nodes, api.NodeSpec{Name: b.Name, Driver: "ipmi", Address: b.Addr, Username: b.User, Password: b.Password})
 	}
-	// Simulated Redfish BMCs serve the DMTF mockups beside the checkout.
+	// Simulated Redfish BMCs serve a DMTF mockup embedded in the binary.
 	redfishNote := "redfish-1, redfish-2 (simulated Redfish BMCs, DMTF mockups)"
 	if dir, err := bmcsim.MockupDir("public-rackmount1"); err == nil {
 		for i := 1; i <= 2; i++ {

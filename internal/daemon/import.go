@@ -23,6 +23,10 @@ func importCommand() *cli.Command {
 		token := fs.String("token", env.Getenv("OBMESH_TOKEN"), "admin token (env OBMESH_TOKEN)")
 		site := fs.String("site", "", "site for nodes whose obm_info names none (default: the coordinator's default site)")
 		timeout := fs.Duration("timeout", 30*time.Second, "bound on each registration")
+		var tf cli.TLSFiles
+		fs.StringVar(&tf.CA, "ca-file", env.Getenv("OBMESH_CACERT"), "CA certificate (PEM) that signed the API's certificate (env OBMESH_CACERT)")
+		fs.StringVar(&tf.Cert, "client-cert", env.Getenv("OBMESH_CLIENT_CERT"), "client certificate (PEM), if the API asks for one (env OBMESH_CLIENT_CERT)")
+		fs.StringVar(&tf.Key, "client-key", env.Getenv("OBMESH_CLIENT_KEY"), "the client certificate's key (env OBMESH_CLIENT_KEY)")
 		fs.Usage = func() {
 			fmt.Fprintln(env.Stderr, "Usage: obmesh import obmd -db FILE\n\nRegisters the nodes of an obmd SQLite database in a running cluster. Nodes already registered are skipped, so it can be run again.\n\nFlags:")
 			fs.PrintDefaults()
@@ -38,7 +42,11 @@ func importCommand() *cli.Command {
 		if err != nil {
 			return fail(env, "import obmd", err)
 		}
-		c := api.NewClient(*addr, *token, nil)
+		hc, err := cli.NewHTTPClient(tf)
+		if err != nil {
+			return fail(env, "import obmd", err)
+		}
+		c := api.NewClient(*addr, *token, hc)
 		imported, skipped, failed := 0, 0, 0
 		fmt.Fprintf(env.Stdout, "%s: %d node(s)\n", *db, len(rows))
 		for i, r := range rows {

@@ -20,18 +20,25 @@ type Local struct {
 	errc   chan error
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	lock   *DirLock
 }
 
-// StartLocal starts the coordinator, waits until it has bound its
-// listeners and leads (bounded by 30s), then starts the agent. Both run
-// until ctx ends or Stop; Err delivers a failure of either.
+// StartLocal takes the lock of the coordinator's data directory (failing
+// at once with a *DirInUseError when another process holds it), starts the
+// coordinator, waits until it has bound its listeners and leads (bounded
+// by 30s), then starts the agent. Both run until ctx ends or Stop; Err
+// delivers a failure of either.
 func StartLocal(ctx context.Context, cc coordinator.Config, ac agent.Config, log *slog.Logger) (*Local, error) {
 	coord, err := coordinator.New(cc, log)
 	if err != nil {
 		return nil, err
 	}
+	lock, err := LockDir(cc.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	l := &Local{Coord: coord, errc: make(chan error, 2), cancel: cancel}
+	l := &Local{Coord: coord, errc: make(chan error, 2), cancel: cancel, lock: lock}
 	l.wg.Go(func() {
 		if err := coord.Run(ctx); err != nil {
 			l.errc <- fmt.Errorf("coordinator: %w", err)
@@ -72,8 +79,10 @@ func StartLocal(ctx context.Context, cc coordinator.Config, ac agent.Config, log
 // Err delivers the first failure of the coordinator or the agent.
 func (l *Local) Err() <-chan error { return l.errc }
 
-// Stop stops both and waits for them. It is idempotent.
+// Stop stops both, waits for them and releases the data directory. It is
+// idempotent.
 func (l *Local) Stop() {
 	l.cancel()
 	l.wg.Wait()
+	l.lock.Release()
 }

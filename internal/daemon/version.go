@@ -1,0 +1,80 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"strings"
+
+	"github.com/obmesh/obmesh/coordinator"
+	"github.com/obmesh/obmesh/internal/cli"
+)
+
+// Version returns obmesh's version: the one set at link time
+// (-ldflags "-X github.com/obmesh/obmesh/coordinator.Version=1.2.3", as
+// make build, install and package do); for the source's development
+// default ("...-dev"), the module version Go recorded when there is one
+// (go install github.com/obmesh/obmesh/cmd/obmesh@v1.2.3).
+func Version() string {
+	if !strings.HasSuffix(coordinator.Version, "-dev") {
+		return coordinator.Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return strings.TrimPrefix(bi.Main.Version, "v")
+	}
+	return coordinator.Version
+}
+
+// buildDetails describes the build: the commit when Go recorded one, and
+// the toolchain and platform.
+func buildDetails() string {
+	var parts []string
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		var rev, modified string
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				modified = s.Value
+			}
+		}
+		if rev != "" {
+			if len(rev) > 12 {
+				rev = rev[:12]
+			}
+			if modified == "true" {
+				rev += " (modified)"
+			}
+			parts = append(parts, "commit "+rev)
+		}
+	}
+	parts = append(parts, runtime.Version()+" "+runtime.GOOS+"/"+runtime.GOARCH)
+	return strings.Join(parts, ", ")
+}
+
+func versionCommand() *cli.Command {
+	return &cli.Command{Name: "version", Synopsis: "Print the version (also: obmesh --version)", Run: func(_ context.Context, env cli.Env, args []string) int {
+		if len(args) > 0 && args[0] != "-h" && args[0] != "-help" && args[0] != "--help" {
+			fmt.Fprintln(env.Stderr, "Usage: obmesh version")
+			return 2
+		}
+		if len(args) > 0 {
+			fmt.Fprintln(env.Stderr, "Usage: obmesh version\n\nPrints the version of this obmesh binary (the API reports the same as /v1/status version).")
+			return 0
+		}
+		fmt.Fprintf(env.Stdout, "obmesh %s\n%s\n", Version(), buildDetails())
+		return 0
+	}}
+}
+
+// Main runs the obmesh command line: the command tree, plus --version and
+// -version as the version command. The API reports the same version.
+func Main(ctx context.Context, env cli.Env, args []string) int {
+	coordinator.Version = Version()
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
+		args = []string{"version"}
+	}
+	return Root().Execute(ctx, env, args)
+}
