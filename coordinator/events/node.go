@@ -75,6 +75,7 @@ type nodeRun struct {
 	tombs    []state.Tombstone
 	live     []*liveSub
 	waiting  map[string]bool // known sids whose payload is unknown now: leave their members alone
+	noAgent  []*state.BMCSub // relay subscriptions no agent's relay can take now
 	removals []*removal
 
 	caps        *agentpb.EventCapabilities
@@ -324,12 +325,10 @@ func (run *nodeRun) planRelay(b *state.BMCSub) error {
 		run.retry = max(run.r.cfg.AgentGrace/2, 10*time.Millisecond)
 		return nil
 	case !ok:
+		// Decided in bmc: unsupported (the node has no event service at
+		// all), or waiting for a relay agent.
 		run.waiting[b.ID] = true
-		msg := fmt.Sprintf("no connected agent with an event relay serves site %q", run.node.Site)
-		if b.Agent != "" {
-			msg = fmt.Sprintf("the relay agent %q is gone and %s", b.Agent, msg)
-		}
-		run.setError(b, "no_agent", msg)
+		run.noAgent = append(run.noAgent, b)
 		return nil
 	case id != b.Agent:
 		if b.Agent != "" {
@@ -414,11 +413,14 @@ func (run *nodeRun) succeed(ls *liveSub, uri string) {
 // terminal records a failure no retry can fix; it is not retried until the
 // node or the subscription changes (or Verify).
 func (run *nodeRun) terminal(ls *liveSub, st, class, msg string) {
-	b := ls.b
+	run.terminalB(ls.b, st, class, msg)
+	ls.done = true
+}
+
+func (run *nodeRun) terminalB(b *state.BMCSub, st, class, msg string) {
 	b.State, b.ErrorClass, b.ErrorMessage = st, class, redact(msg, run.secrets...)
 	b.ErrorCount = run.orig[b.ID].ErrorCount + 1
 	b.AttemptID = ""
-	ls.done = true
 	run.e.terminal[b.ID] = terminalKey(run.fp, *b)
 }
 
@@ -472,6 +474,7 @@ func (run *nodeRun) msg(err error) string { return redact(err.Error(), run.secre
 // bmc does the BMC part: capabilities, list, classify, clean up, and make
 // every wanted subscription current.
 func (run *nodeRun) bmc() outcome {
+	run.placeless()
 	if len(run.live)+len(run.removals)+len(run.tombs) == 0 {
 		return run.result() // nothing, or only subscriptions waiting for a relay agent
 	}
@@ -493,6 +496,26 @@ func (run *nodeRun) bmc() outcome {
 		run.ensure(ls)
 	}
 	return run.result()
+}
+
+// placeless records why relay subscriptions without a relay agent wait:
+// a node whose BMC or driver has no event service is unsupported (so an
+// IPMI node says so even before any relay runs), others wait for an agent.
+func (run *nodeRun) placeless() {
+	for _, b := range run.noAgent {
+		if !run.force && run.isTerminal(b) {
+			continue
+		}
+		if _, err := run.capabilities(); classOf(err) == "unsupported" {
+			run.terminalB(b, state.SubUnsupported, "unsupported", "the node's BMC or driver has no event service: "+run.msg(err))
+			continue
+		}
+		msg := fmt.Sprintf("no connected agent with an event relay serves site %q", run.node.Site)
+		if b.Agent != "" {
+			msg = fmt.Sprintf("the relay agent %q is gone and %s", b.Agent, msg)
+		}
+		run.setError(b, "no_agent", msg)
+	}
 }
 
 // result is the outcome of the run so far.

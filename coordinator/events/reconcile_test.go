@@ -750,3 +750,30 @@ func TestTokenNotInStatus(t *testing.T) {
 		t.Fatal("token in the log")
 	}
 }
+
+// Without any relay agent, an IPMI node's relay subscription is still
+// unsupported at once; a Redfish node's waits, then is created when an
+// agent with a relay connects.
+func TestNoRelayAgent(t *testing.T) {
+	e := newEnv(t, testConfig())
+	e.agents.set(Agent{ID: "agent-1", Sites: []string{"default"}, Healthy: true}) // no relay
+	ipmi := e.node("ipmi-1", "ipmi")
+	ipmi.set(func(f *fakeBMC) { f.unsupported = true })
+	bmc := e.node("n1", "redfish")
+	e.start()
+	a := e.create(relaySpec("ipmi-1"))
+	b := e.create(relaySpec("n1"))
+	e.waitState(a, state.SubUnsupported)
+	waitFor(t, "waiting for an agent", func() bool { return e.sub(b).Status.ErrorClass == "no_agent" })
+	if bmc.count(ActSubscribe)+bmc.count(ActList) != 0 {
+		t.Fatal("the BMC was asked to subscribe without a relay to point at")
+	}
+	e.agents.set(relayAgent("agent-1"))
+	e.waitState(b, state.SubActive)
+	if r, _ := e.bmcsub(b); r.Agent != "agent-1" || r.Gen != 1 {
+		t.Fatalf("record %+v", r)
+	}
+	if s := e.sub(a); s.Status.State != state.SubUnsupported {
+		t.Fatalf("ipmi: %+v", s.Status)
+	}
+}
