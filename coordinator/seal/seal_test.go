@@ -43,8 +43,15 @@ func TestKeyring_SealOpen(t *testing.T) {
 
 func TestLoad_RefusesWorldReadable(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keyring.json")
-	Create(path)
-	os.Chmod(path, 0o644)
+	if err := Create(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err != nil {
+		t.Fatalf("Load(0600 keyring) = %v", err) // the refusal below is the mode's
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Load(path); err == nil {
 		t.Errorf("Load(0644 keyring) = nil, want an error")
 	}
@@ -58,7 +65,9 @@ func TestLoad_Bad(t *testing.T) {
 		"noprimary": `{"primary":"b","keys":{"a":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}}`,
 	} {
 		p := filepath.Join(dir, name)
-		os.WriteFile(p, []byte(body), 0o600)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := Load(p); err == nil {
 			t.Errorf("Load(%s) = nil, want an error", name)
 		}
