@@ -278,13 +278,23 @@ func (r *reconciler) verify(ctx context.Context, node string) error {
 	}
 }
 
-// notice reacts to a relay notice about node: a BMC whose service
-// restarted may have lost its subscriptions; verify it (at most once per
-// NoticeGap).
+// notice reacts to a relay notice about node. A BMC whose event service
+// restarted may have lost its subscriptions: verify it now (capabilities
+// read again), at most once per NoticeGap. A heartbeat proves delivery
+// works; it only brings forward a verification that is half a resync
+// interval old. A service shutting down is followed by a restart notice.
 func (r *reconciler) notice(node, kind string) {
+	gap := r.cfg.NoticeGap
+	switch kind {
+	case "service_started":
+	case "heartbeat":
+		gap = max(gap, r.cfg.ResyncInterval/2)
+	default:
+		return
+	}
 	r.mu.Lock()
 	e, ok := r.nodes[node]
-	if !ok || time.Since(e.lastNotice) < r.cfg.NoticeGap {
+	if !ok || time.Since(e.lastNotice) < gap {
 		r.mu.Unlock()
 		return
 	}
