@@ -44,16 +44,22 @@ type Group struct {
 // NewGroup prepares n coordinators (expect n, retry_join all) and the
 // given agents (all on site "default"), and starts them.
 func NewGroup(t testing.TB, binPath string, n int, agentIDs ...string) *Group {
-	return newGroup(t, binPath, n, nil, agentIDs...)
+	return newGroup(t, binPath, n, nil, nil, agentIDs...)
+}
+
+// NewGroupConfig is NewGroup with each coordinator's configuration passed
+// through edit before it is written.
+func NewGroupConfig(t testing.TB, binPath string, n int, edit func(*coordinator.Config), agentIDs ...string) *Group {
+	return newGroup(t, binPath, n, nil, edit, agentIDs...)
 }
 
 // NewGroupNet is NewGroup with member i on host i of net, so tests can
 // partition members from each other.
 func NewGroupNet(t testing.TB, binPath string, net *Net, n int, agentIDs ...string) *Group {
-	return newGroup(t, binPath, n, net, agentIDs...)
+	return newGroup(t, binPath, n, net, nil, agentIDs...)
 }
 
-func newGroup(t testing.TB, binPath string, n int, net *Net, agentIDs ...string) *Group {
+func newGroup(t testing.TB, binPath string, n int, net *Net, edit func(*coordinator.Config), agentIDs ...string) *Group {
 	t.Helper()
 	dir := t.TempDir()
 	g := &Group{t: t, Bin: binPath, Dir: dir, Token: "group-admin-token-0123456789abcdef", OBMDToken: "00112233445566778899aabbccddeeff", Net: net}
@@ -101,6 +107,9 @@ func newGroup(t testing.TB, binPath string, n int, net *Net, agentIDs ...string)
 		cc.AgentLink.Heartbeat = config.Duration(300 * time.Millisecond)
 		cc.AgentLink.AgentWait = config.Duration(3 * time.Second)
 		cc.Operations.DefaultTimeout = config.Duration(10 * time.Second)
+		if edit != nil {
+			edit(&cc)
+		}
 		m.Config = writeTOML(t, dir, m.Name+".toml", cc)
 	}
 	for _, id := range agentIDs {

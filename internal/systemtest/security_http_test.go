@@ -379,3 +379,102 @@ func decodeReceipt(b []byte) api.Receipt {
 	json.NewDecoder(bytes.NewReader(b)).Decode(&r)
 	return r
 }
+
+// TestSecurity_ConsolesOutliveTheWriteDeadline: once authenticated, a
+// console streams past http.write_timeout, on the leader (the obmd stream
+// and the native WebSocket) and through a follower (the obmd stream,
+// forwarded), while the deadline still bounds everything else.
+func TestSecurity_ConsolesOutliveTheWriteDeadline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	const writeTimeout = 3 * time.Second
+	g := NewGroupConfig(t, bin, 3, func(cc *coordinator.Config) {
+		cc.Operations.DefaultTimeout = config.Duration(2 * time.Second)
+		cc.HTTP.WriteTimeout = config.Duration(writeTimeout)
+	}, "a1")
+	leader := g.Leader(60 * time.Second)
+	g.WaitAgents(1)
+	follower := g.Followers(leader)[0]
+	admin := func(method, path, body string) (int, []byte) {
+		req, _ := http.NewRequest(method, "http://"+leader.HTTPAddr+path, strings.NewReader(body))
+		req.SetBasicAuth("admin", g.OBMDToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	if st, b := admin("PUT", "/node/con", `{"type":"mock","info":{"addr":"x"}}`); st != 200 {
+		t.Fatalf("register: %d %s", st, b)
+	}
+	st, b := admin("POST", "/node/con/token", "")
+	var tok struct{ Token string }
+	if st != 200 || json.Unmarshal(b, &tok) != nil {
+		t.Fatalf("token: %d %s", st, b)
+	}
+
+	// keepReading reads a console as fast as it comes until well past the
+	// write deadline and reports how long it streamed. (A slow reader
+	// would not notice a stream cut at the deadline until the buffers
+	// along the way were drained.)
+	keepReading := func(r io.Reader) (time.Duration, error) {
+		start := time.Now()
+		buf := make([]byte, 32<<10)
+		for time.Since(start) < writeTimeout+1500*time.Millisecond {
+			if _, err := r.Read(buf); err != nil {
+				return time.Since(start), err
+			}
+		}
+		return time.Since(start), nil
+	}
+	obmdConsole := func(m *Member) io.ReadCloser {
+		resp, err := http.Get("http://" + m.HTTPAddr + "/node/con/console?token=" + tok.Token)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("console via %s: %v %v", m.Name, resp, err)
+		}
+		return resp.Body
+	}
+	for _, m := range []*Member{leader, follower} {
+		body := obmdConsole(m)
+		d, err := keepReading(body)
+		body.Close()
+		if err != nil {
+			t.Errorf("the obmd console via %s (%s) ended after %v: %v; want it to outlive the %v write deadline", m.Name, map[bool]string{true: "leader", false: "follower"}[m == leader], d, err, writeTimeout)
+		}
+	}
+	if _, b := doRaw(t, leader.HTTPAddr, g.Token, "POST", "/v1/nodes", `{"name":"con2","driver":"mock"}`, nil); len(b) == 0 {
+		t.Fatal("register con2")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	con, err := g.Client(leader).Console(ctx, "con2")
+	if err != nil {
+		t.Fatalf("native console: %v", err)
+	}
+	d, err := keepReading(con)
+	con.Close()
+	if err != nil {
+		t.Errorf("the native console ended after %v: %v; want it to outlive the %v write deadline", d, err, writeTimeout)
+	}
+
+	// An ordinary request is still bounded: an answer due after the write
+	// deadline (an operation allowed more than write_timeout) is cut off.
+	if st, b := doRaw(t, leader.HTTPAddr, g.Token, "POST", "/v1/nodes", `{"name":"slowpoke","driver":"mock","options":{"delay":"10s"}}`, nil); st != 201 {
+		t.Fatalf("register slowpoke: %d %s", st, b)
+	}
+	req, _ := http.NewRequest("GET", "http://"+leader.HTTPAddr+"/v1/nodes/slowpoke/power?timeout=5s", nil)
+	req.Header.Set("Authorization", "Bearer "+g.Token)
+	start := time.Now()
+	// One round trip: http.Client would retry a GET cut off like this.
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	resp, err := tr.RoundTrip(req)
+	if err == nil {
+		rb, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Errorf("an answer due after the write deadline arrived: %d %s after %v", resp.StatusCode, rb, time.Since(start))
+	}
+}
