@@ -621,7 +621,9 @@ func TestEventKeyRotation(t *testing.T) {
 // §9.7 case 28: when the relay agent goes away, the BMC subscription is
 // pointed at another agent of the site (Gen+1) and the old one removed.
 func TestAgentFailoverRepoints(t *testing.T) {
-	e := newEnv(t, testConfig())
+	cfg := testConfig()
+	cfg.AgentGrace = 2 * time.Second // long enough for the "short absence" below on a loaded machine
+	e := newEnv(t, cfg)
 	e.agents.set(relayAgent("agent-a"), relayAgent("agent-b"))
 	bmc := e.node("n1", "redfish")
 	e.start()

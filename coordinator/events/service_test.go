@@ -222,7 +222,7 @@ func TestCountersBatched(t *testing.T) {
 	}
 	waitFor(t, "counters written", func() bool { return e.sub(id).Status.Delivered == 20 })
 	w := writes()
-	if w < 1 || w > 3 {
+	if w < 1 || w > 5 {
 		t.Fatalf("%d writes for 20 reports", w)
 	}
 	observe(100 * time.Millisecond)
