@@ -47,12 +47,12 @@ package events
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/coordinator/ops"
 	"github.com/obmesh/obmesh/coordinator/state"
 	"github.com/obmesh/obmesh/internal/agentpb"
 )
@@ -77,8 +77,8 @@ var (
 	// (state.ErrInvalid).
 	ErrUnsupported error = &domainError{"not supported", state.ErrInvalid}
 	// ErrNotRunning: the reconciler is not running here (this coordinator
-	// is not, or not yet, the leader).
-	ErrNotRunning = errors.New("events: the reconciler is not running on this coordinator")
+	// is not, or not yet, the leader): class no_leader for the API.
+	ErrNotRunning error = &ops.Failure{Class: "no_leader", Message: "the event reconciler is not running on this coordinator (it is not the leader, or has just become it)"}
 )
 
 // Store is the replicated state as the service uses it (coordinator/store).
