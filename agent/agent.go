@@ -539,6 +539,12 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 	var status *sdk.PowerStatus
 	var ident map[string]string
 	var ev *agentpb.EventResult
+	var report *sdk.PowerReport
+	if op.Action == "validate_options" {
+		// The driver's checks of the node, without the BMC (registration).
+		err := scrub(a.host.Validate(pn.Driver, n), pn.Password)
+		return result(op.Id, start, time.Since(start), err, nil)
+	}
 	err := a.host.Do(ctx, pn.Driver, n, func(ctx context.Context, b sdk.BMC) error {
 		t0 := time.Now()
 		defer func() { pluginTime = time.Since(t0) }()
@@ -547,6 +553,11 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 			p, ok := b.(sdk.PowerSetter)
 			if !ok {
 				return sdk.ErrUnsupported
+			}
+			if r, ok := b.(sdk.PowerReporter); ok {
+				rep, err := r.SetPowerReport(ctx, sdk.PowerAction(strings.TrimPrefix(op.Action, "power_")))
+				report = &rep
+				return err
 			}
 			return p.SetPower(ctx, sdk.PowerAction(strings.TrimPrefix(op.Action, "power_")))
 		case "power_status":
@@ -593,6 +604,12 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 	// An event result goes back even with an error: a failed subscribe
 	// still reports whether it may have happened and the quirks learned.
 	m.GetResult().Event = ev
+	if report != nil { // with an error too: what the driver saw
+		m.GetResult().PowerDetail, _ = sdk.Redact(report.Detail, pn.Password)
+		for _, o := range report.Observed {
+			m.GetResult().PowerObserved = append(m.GetResult().PowerObserved, &agentpb.PowerObservation{State: string(o.State), UnixNano: o.At.UnixNano()})
+		}
+	}
 	return m
 }
 

@@ -196,6 +196,28 @@ func (h *Host) Do(ctx context.Context, driver string, n sdk.Node, fn func(contex
 	return p.do(ctx, n, fn)
 }
 
+// Validate asks the named driver to check node n's address, credentials
+// and options without contacting the BMC (sdk.OptionValidator), starting
+// its plugin if needed. ErrUnsupported: the driver has no such checks.
+func (h *Host) Validate(driver string, n sdk.Node) error {
+	p, ok := h.plugins[driver]
+	if !ok {
+		return sdk.Errorf(sdk.ClassUnsupported, "this agent has no %q driver: %v", driver, ErrUnknownDriver)
+	}
+	p.mu.Lock()
+	err := p.ensureLocked()
+	proc := p.proc
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	v, ok := proc.Driver.(sdk.OptionValidator)
+	if !ok {
+		return sdk.Errorf(sdk.ClassUnsupported, "driver %s has no option checks", driver)
+	}
+	return p.explain(proc, v.ValidateOptions(n))
+}
+
 // plugin is one driver's process and its open BMC sessions.
 type plugin struct {
 	name   string

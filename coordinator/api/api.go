@@ -89,6 +89,16 @@ type Receipt struct {
 	// Identity is the BMC's identity for identity reads (vendor, model,
 	// firmware, ...).
 	Identity map[string]string `json:"identity,omitempty"`
+	// Detail is the driver's account of a power action: the BMC command
+	// chosen for it and why ("reset → PowerCycle (ForceRestart is not
+	// among the system's allowed reset types ...)").
+	Detail string `json:"detail,omitempty"`
+	// Observed are the power states the driver read while carrying out a
+	// power action, in order, each with when (the agent's clock). With
+	// outcome "unknown" and error_class "outcome_unknown", the BMC
+	// accepted the action but its effect was not seen before the
+	// deadline.
+	Observed []Observation `json:"observed,omitempty"`
 	// ErrorClass and Error describe a failure.
 	ErrorClass string `json:"error_class,omitempty"`
 	Error      string `json:"error,omitempty"`
@@ -101,6 +111,12 @@ type Receipt struct {
 	Timings    []Timing  `json:"timings"`
 	StartedAt  time.Time `json:"started_at"`
 	FinishedAt time.Time `json:"finished_at"`
+}
+
+// Observation is a power state a driver read, and when.
+type Observation struct {
+	State string    `json:"state"`
+	At    time.Time `json:"at"`
 }
 
 // Timing is the time one hop took.

@@ -241,10 +241,14 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 	default:
 		rec.Timings = append(rec.Timings, api.Timing{Hop: "agent", DurationMS: ms(time.Duration(res.AgentNs))}, api.Timing{Hop: "plugin", DurationMS: ms(time.Duration(res.PluginNs))})
 		rec.State, rec.RawState, rec.Identity = res.PowerState, res.RawState, res.Identity
+		rec.Detail, rec.Observed = powerReport(res.OperationResult)
 		if res.Ok {
 			outcome = api.OutcomeOK
 		} else {
 			f = &Failure{Class: res.ErrorClass, Message: res.ErrorMessage}
+			if res.ErrorClass == "outcome_unknown" { // the driver sent it but did not see it happen
+				outcome = api.OutcomeUnknown
+			}
 		}
 	}
 	rec, err = finish(outcome, f)
@@ -252,6 +256,16 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// powerReport is a power action's report from the driver (how it was
+// carried out, the states it observed).
+func powerReport(res *agentpb.OperationResult) (string, []api.Observation) {
+	var obs []api.Observation
+	for _, o := range res.GetPowerObserved() {
+		obs = append(obs, api.Observation{State: o.State, At: time.Unix(0, o.UnixNano).UTC()})
+	}
+	return res.GetPowerDetail(), obs
+}
 
 func (r *Runner) remember(rec api.Receipt) {
 	r.mu.Lock()
@@ -352,8 +366,12 @@ func (r *Runner) RecordLate(agent string, res *agentpb.OperationResult) {
 	rec.Agent, rec.FinishedAt = agent, time.Now().UTC()
 	rec.Timings = append(rec.Timings, api.Timing{Hop: "agent", DurationMS: ms(time.Duration(res.AgentNs))}, api.Timing{Hop: "plugin", DurationMS: ms(time.Duration(res.PluginNs))})
 	rec.Outcome, rec.ErrorClass, rec.Error = api.OutcomeOK, "", ""
+	rec.Detail, rec.Observed = powerReport(res)
 	if !res.Ok {
 		rec.Outcome, rec.ErrorClass, rec.Error = api.OutcomeFailed, res.ErrorClass, res.ErrorMessage
+		if res.ErrorClass == "outcome_unknown" {
+			rec.Outcome = api.OutcomeUnknown
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

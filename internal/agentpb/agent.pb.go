@@ -950,10 +950,15 @@ type OperationResult struct {
 	RawState     string            `protobuf:"bytes,6,opt,name=raw_state,json=rawState,proto3" json:"raw_state,omitempty"`
 	Identity     map[string]string `protobuf:"bytes,7,rep,name=identity,proto3" json:"identity,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// agent_ns is the time the agent spent, plugin_ns the part in the plugin.
-	AgentNs       int64        `protobuf:"varint,8,opt,name=agent_ns,json=agentNs,proto3" json:"agent_ns,omitempty"`
-	PluginNs      int64        `protobuf:"varint,9,opt,name=plugin_ns,json=pluginNs,proto3" json:"plugin_ns,omitempty"`
-	Event         *EventResult `protobuf:"bytes,10,opt,name=event,proto3" json:"event,omitempty"`
-	Relay         *RelayResult `protobuf:"bytes,11,opt,name=relay,proto3" json:"relay,omitempty"`
+	AgentNs  int64        `protobuf:"varint,8,opt,name=agent_ns,json=agentNs,proto3" json:"agent_ns,omitempty"`
+	PluginNs int64        `protobuf:"varint,9,opt,name=plugin_ns,json=pluginNs,proto3" json:"plugin_ns,omitempty"`
+	Event    *EventResult `protobuf:"bytes,10,opt,name=event,proto3" json:"event,omitempty"`
+	Relay    *RelayResult `protobuf:"bytes,11,opt,name=relay,proto3" json:"relay,omitempty"`
+	// power_detail and power_observed are a power action's report: how the
+	// driver carried it out (the BMC command chosen and why) and the power
+	// states it read, in order. Sent with a failure too.
+	PowerDetail   string              `protobuf:"bytes,12,opt,name=power_detail,json=powerDetail,proto3" json:"power_detail,omitempty"`
+	PowerObserved []*PowerObservation `protobuf:"bytes,13,rep,name=power_observed,json=powerObserved,proto3" json:"power_observed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1065,6 +1070,73 @@ func (x *OperationResult) GetRelay() *RelayResult {
 	return nil
 }
 
+func (x *OperationResult) GetPowerDetail() string {
+	if x != nil {
+		return x.PowerDetail
+	}
+	return ""
+}
+
+func (x *OperationResult) GetPowerObserved() []*PowerObservation {
+	if x != nil {
+		return x.PowerObserved
+	}
+	return nil
+}
+
+type PowerObservation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	State string                 `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	// unix_nano is when the driver read it (the agent's clock).
+	UnixNano      int64 `protobuf:"varint,2,opt,name=unix_nano,json=unixNano,proto3" json:"unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PowerObservation) Reset() {
+	*x = PowerObservation{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerObservation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerObservation) ProtoMessage() {}
+
+func (x *PowerObservation) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerObservation.ProtoReflect.Descriptor instead.
+func (*PowerObservation) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PowerObservation) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *PowerObservation) GetUnixNano() int64 {
+	if x != nil {
+		return x.UnixNano
+	}
+	return 0
+}
+
 // EventRequest carries the arguments of an event action. Header values in
 // spec are plaintext: they only cross the link inside an operation, over
 // mutual TLS, like the BMC password.
@@ -1080,7 +1152,7 @@ type EventRequest struct {
 
 func (x *EventRequest) Reset() {
 	*x = EventRequest{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1164,7 @@ func (x *EventRequest) String() string {
 func (*EventRequest) ProtoMessage() {}
 
 func (x *EventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1177,7 @@ func (x *EventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventRequest.ProtoReflect.Descriptor instead.
 func (*EventRequest) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EventRequest) GetUri() string {
@@ -1152,7 +1224,7 @@ type EventSpec struct {
 
 func (x *EventSpec) Reset() {
 	*x = EventSpec{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1236,7 @@ func (x *EventSpec) String() string {
 func (*EventSpec) ProtoMessage() {}
 
 func (x *EventSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1249,7 @@ func (x *EventSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventSpec.ProtoReflect.Descriptor instead.
 func (*EventSpec) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EventSpec) GetDestination() string {
@@ -1248,7 +1320,7 @@ type TestEvent struct {
 
 func (x *TestEvent) Reset() {
 	*x = TestEvent{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1332,7 @@ func (x *TestEvent) String() string {
 func (*TestEvent) ProtoMessage() {}
 
 func (x *TestEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1345,7 @@ func (x *TestEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TestEvent.ProtoReflect.Descriptor instead.
 func (*TestEvent) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TestEvent) GetEventType() string {
@@ -1322,7 +1394,7 @@ type EventCapabilities struct {
 
 func (x *EventCapabilities) Reset() {
 	*x = EventCapabilities{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1406,7 @@ func (x *EventCapabilities) String() string {
 func (*EventCapabilities) ProtoMessage() {}
 
 func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1419,7 @@ func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventCapabilities.ProtoReflect.Descriptor instead.
 func (*EventCapabilities) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EventCapabilities) GetServiceEnabled() bool {
@@ -1436,7 +1508,7 @@ type BMCSubscription struct {
 
 func (x *BMCSubscription) Reset() {
 	*x = BMCSubscription{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1520,7 @@ func (x *BMCSubscription) String() string {
 func (*BMCSubscription) ProtoMessage() {}
 
 func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1533,7 @@ func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BMCSubscription.ProtoReflect.Descriptor instead.
 func (*BMCSubscription) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BMCSubscription) GetUri() string {
@@ -1536,7 +1608,7 @@ type EventResult struct {
 
 func (x *EventResult) Reset() {
 	*x = EventResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1620,7 @@ func (x *EventResult) String() string {
 func (*EventResult) ProtoMessage() {}
 
 func (x *EventResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1633,7 @@ func (x *EventResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventResult.ProtoReflect.Descriptor instead.
 func (*EventResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EventResult) GetCapabilities() *EventCapabilities {
@@ -1616,7 +1688,7 @@ type RelayRequest struct {
 
 func (x *RelayRequest) Reset() {
 	*x = RelayRequest{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1700,7 @@ func (x *RelayRequest) String() string {
 func (*RelayRequest) ProtoMessage() {}
 
 func (x *RelayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1713,7 @@ func (x *RelayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayRequest.ProtoReflect.Descriptor instead.
 func (*RelayRequest) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RelayRequest) GetSubscriptionId() string {
@@ -1675,7 +1747,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1687,7 +1759,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1700,7 +1772,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -1776,7 +1848,7 @@ type RelayResult struct {
 
 func (x *RelayResult) Reset() {
 	*x = RelayResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1788,7 +1860,7 @@ func (x *RelayResult) String() string {
 func (*RelayResult) ProtoMessage() {}
 
 func (x *RelayResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1801,7 +1873,7 @@ func (x *RelayResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayResult.ProtoReflect.Descriptor instead.
 func (*RelayResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RelayResult) GetDeadLetters() []*DeadLetter {
@@ -1832,7 +1904,7 @@ type RelayConfig struct {
 
 func (x *RelayConfig) Reset() {
 	*x = RelayConfig{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1844,7 +1916,7 @@ func (x *RelayConfig) String() string {
 func (*RelayConfig) ProtoMessage() {}
 
 func (x *RelayConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1857,7 +1929,7 @@ func (x *RelayConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayConfig.ProtoReflect.Descriptor instead.
 func (*RelayConfig) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RelayConfig) GetVersion() uint64 {
@@ -1885,7 +1957,7 @@ type RelayNode struct {
 
 func (x *RelayNode) Reset() {
 	*x = RelayNode{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1897,7 +1969,7 @@ func (x *RelayNode) String() string {
 func (*RelayNode) ProtoMessage() {}
 
 func (x *RelayNode) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1910,7 +1982,7 @@ func (x *RelayNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNode.ProtoReflect.Descriptor instead.
 func (*RelayNode) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RelayNode) GetName() string {
@@ -1955,7 +2027,7 @@ type RelaySubscriber struct {
 
 func (x *RelaySubscriber) Reset() {
 	*x = RelaySubscriber{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2039,7 @@ func (x *RelaySubscriber) String() string {
 func (*RelaySubscriber) ProtoMessage() {}
 
 func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2052,7 @@ func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelaySubscriber.ProtoReflect.Descriptor instead.
 func (*RelaySubscriber) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RelaySubscriber) GetId() string {
@@ -2088,7 +2160,7 @@ type RelayReport struct {
 
 func (x *RelayReport) Reset() {
 	*x = RelayReport{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2100,7 +2172,7 @@ func (x *RelayReport) String() string {
 func (*RelayReport) ProtoMessage() {}
 
 func (x *RelayReport) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2113,7 +2185,7 @@ func (x *RelayReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayReport.ProtoReflect.Descriptor instead.
 func (*RelayReport) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RelayReport) GetSubscribers() []*RelaySubscriberStats {
@@ -2153,7 +2225,7 @@ type RelaySubscriberStats struct {
 
 func (x *RelaySubscriberStats) Reset() {
 	*x = RelaySubscriberStats{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2165,7 +2237,7 @@ func (x *RelaySubscriberStats) String() string {
 func (*RelaySubscriberStats) ProtoMessage() {}
 
 func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2178,7 +2250,7 @@ func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelaySubscriberStats.ProtoReflect.Descriptor instead.
 func (*RelaySubscriberStats) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RelaySubscriberStats) GetId() string {
@@ -2252,7 +2324,7 @@ type RelayNodeStats struct {
 
 func (x *RelayNodeStats) Reset() {
 	*x = RelayNodeStats{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2264,7 +2336,7 @@ func (x *RelayNodeStats) String() string {
 func (*RelayNodeStats) ProtoMessage() {}
 
 func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2277,7 +2349,7 @@ func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNodeStats.ProtoReflect.Descriptor instead.
 func (*RelayNodeStats) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RelayNodeStats) GetNode() string {
@@ -2341,7 +2413,7 @@ type RelayNotice struct {
 
 func (x *RelayNotice) Reset() {
 	*x = RelayNotice{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2353,7 +2425,7 @@ func (x *RelayNotice) String() string {
 func (*RelayNotice) ProtoMessage() {}
 
 func (x *RelayNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2366,7 +2438,7 @@ func (x *RelayNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNotice.ProtoReflect.Descriptor instead.
 func (*RelayNotice) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RelayNotice) GetNode() string {
@@ -2412,7 +2484,7 @@ type RelayEvent struct {
 
 func (x *RelayEvent) Reset() {
 	*x = RelayEvent{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2424,7 +2496,7 @@ func (x *RelayEvent) String() string {
 func (*RelayEvent) ProtoMessage() {}
 
 func (x *RelayEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2437,7 +2509,7 @@ func (x *RelayEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayEvent.ProtoReflect.Descriptor instead.
 func (*RelayEvent) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RelayEvent) GetId() string {
@@ -2604,7 +2676,7 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x05relay\x18\n" +
 	" \x01(\v2\x1d.obmesh.agent.v1.RelayRequestR\x05relay\"\x18\n" +
 	"\x06Cancel\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xde\x03\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xcb\x04\n" +
 	"\x0fOperationResult\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x1f\n" +
@@ -2619,10 +2691,15 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\tplugin_ns\x18\t \x01(\x03R\bpluginNs\x122\n" +
 	"\x05event\x18\n" +
 	" \x01(\v2\x1c.obmesh.agent.v1.EventResultR\x05event\x122\n" +
-	"\x05relay\x18\v \x01(\v2\x1c.obmesh.agent.v1.RelayResultR\x05relay\x1a;\n" +
+	"\x05relay\x18\v \x01(\v2\x1c.obmesh.agent.v1.RelayResultR\x05relay\x12!\n" +
+	"\fpower_detail\x18\f \x01(\tR\vpowerDetail\x12H\n" +
+	"\x0epower_observed\x18\r \x03(\v2!.obmesh.agent.v1.PowerObservationR\rpowerObserved\x1a;\n" +
 	"\rIdentityEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"E\n" +
+	"\x10PowerObservation\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\x12\x1b\n" +
+	"\tunix_nano\x18\x02 \x01(\x03R\bunixNano\"\x9a\x01\n" +
 	"\fEventRequest\x12\x10\n" +
 	"\x03uri\x18\x01 \x01(\tR\x03uri\x12\x18\n" +
 	"\acontext\x18\x02 \x01(\tR\acontext\x12.\n" +
@@ -2792,7 +2869,7 @@ func file_internal_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_internal_agentpb_agent_proto_rawDescData
 }
 
-var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*ConsoleFrame)(nil),         // 0: obmesh.agent.v1.ConsoleFrame
 	(*AgentMessage)(nil),         // 1: obmesh.agent.v1.AgentMessage
@@ -2806,69 +2883,71 @@ var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*Operation)(nil),            // 9: obmesh.agent.v1.Operation
 	(*Cancel)(nil),               // 10: obmesh.agent.v1.Cancel
 	(*OperationResult)(nil),      // 11: obmesh.agent.v1.OperationResult
-	(*EventRequest)(nil),         // 12: obmesh.agent.v1.EventRequest
-	(*EventSpec)(nil),            // 13: obmesh.agent.v1.EventSpec
-	(*TestEvent)(nil),            // 14: obmesh.agent.v1.TestEvent
-	(*EventCapabilities)(nil),    // 15: obmesh.agent.v1.EventCapabilities
-	(*BMCSubscription)(nil),      // 16: obmesh.agent.v1.BMCSubscription
-	(*EventResult)(nil),          // 17: obmesh.agent.v1.EventResult
-	(*RelayRequest)(nil),         // 18: obmesh.agent.v1.RelayRequest
-	(*DeadLetter)(nil),           // 19: obmesh.agent.v1.DeadLetter
-	(*RelayResult)(nil),          // 20: obmesh.agent.v1.RelayResult
-	(*RelayConfig)(nil),          // 21: obmesh.agent.v1.RelayConfig
-	(*RelayNode)(nil),            // 22: obmesh.agent.v1.RelayNode
-	(*RelaySubscriber)(nil),      // 23: obmesh.agent.v1.RelaySubscriber
-	(*RelayReport)(nil),          // 24: obmesh.agent.v1.RelayReport
-	(*RelaySubscriberStats)(nil), // 25: obmesh.agent.v1.RelaySubscriberStats
-	(*RelayNodeStats)(nil),       // 26: obmesh.agent.v1.RelayNodeStats
-	(*RelayNotice)(nil),          // 27: obmesh.agent.v1.RelayNotice
-	(*RelayEvent)(nil),           // 28: obmesh.agent.v1.RelayEvent
-	nil,                          // 29: obmesh.agent.v1.Node.OptionsEntry
-	nil,                          // 30: obmesh.agent.v1.OperationResult.IdentityEntry
-	nil,                          // 31: obmesh.agent.v1.EventSpec.HeadersEntry
-	nil,                          // 32: obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	(*PowerObservation)(nil),     // 12: obmesh.agent.v1.PowerObservation
+	(*EventRequest)(nil),         // 13: obmesh.agent.v1.EventRequest
+	(*EventSpec)(nil),            // 14: obmesh.agent.v1.EventSpec
+	(*TestEvent)(nil),            // 15: obmesh.agent.v1.TestEvent
+	(*EventCapabilities)(nil),    // 16: obmesh.agent.v1.EventCapabilities
+	(*BMCSubscription)(nil),      // 17: obmesh.agent.v1.BMCSubscription
+	(*EventResult)(nil),          // 18: obmesh.agent.v1.EventResult
+	(*RelayRequest)(nil),         // 19: obmesh.agent.v1.RelayRequest
+	(*DeadLetter)(nil),           // 20: obmesh.agent.v1.DeadLetter
+	(*RelayResult)(nil),          // 21: obmesh.agent.v1.RelayResult
+	(*RelayConfig)(nil),          // 22: obmesh.agent.v1.RelayConfig
+	(*RelayNode)(nil),            // 23: obmesh.agent.v1.RelayNode
+	(*RelaySubscriber)(nil),      // 24: obmesh.agent.v1.RelaySubscriber
+	(*RelayReport)(nil),          // 25: obmesh.agent.v1.RelayReport
+	(*RelaySubscriberStats)(nil), // 26: obmesh.agent.v1.RelaySubscriberStats
+	(*RelayNodeStats)(nil),       // 27: obmesh.agent.v1.RelayNodeStats
+	(*RelayNotice)(nil),          // 28: obmesh.agent.v1.RelayNotice
+	(*RelayEvent)(nil),           // 29: obmesh.agent.v1.RelayEvent
+	nil,                          // 30: obmesh.agent.v1.Node.OptionsEntry
+	nil,                          // 31: obmesh.agent.v1.OperationResult.IdentityEntry
+	nil,                          // 32: obmesh.agent.v1.EventSpec.HeadersEntry
+	nil,                          // 33: obmesh.agent.v1.RelaySubscriber.HeadersEntry
 }
 var file_internal_agentpb_agent_proto_depIdxs = []int32{
 	3,  // 0: obmesh.agent.v1.AgentMessage.hello:type_name -> obmesh.agent.v1.Hello
 	11, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
 	7,  // 2: obmesh.agent.v1.AgentMessage.heartbeat:type_name -> obmesh.agent.v1.Heartbeat
-	24, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
-	28, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
+	25, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
+	29, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
 	5,  // 5: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
 	9,  // 6: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
 	10, // 7: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
 	6,  // 8: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
-	21, // 9: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
+	22, // 9: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
 	4,  // 10: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
-	29, // 11: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
+	30, // 11: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
 	8,  // 12: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
-	12, // 13: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
-	18, // 14: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
-	30, // 15: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
-	17, // 16: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
-	20, // 17: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
-	13, // 18: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
-	14, // 19: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
-	31, // 20: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
-	15, // 21: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
-	16, // 22: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
-	16, // 23: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
-	19, // 24: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
-	22, // 25: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
-	23, // 26: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
-	32, // 27: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
-	25, // 28: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
-	26, // 29: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
-	27, // 30: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
-	1,  // 31: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
-	0,  // 32: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
-	2,  // 33: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
-	0,  // 34: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
-	33, // [33:35] is the sub-list for method output_type
-	31, // [31:33] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	13, // 13: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
+	19, // 14: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
+	31, // 15: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
+	18, // 16: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
+	21, // 17: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
+	12, // 18: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
+	14, // 19: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
+	15, // 20: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
+	32, // 21: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
+	16, // 22: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
+	17, // 23: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
+	17, // 24: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
+	20, // 25: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
+	23, // 26: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
+	24, // 27: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
+	33, // 28: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	26, // 29: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
+	27, // 30: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
+	28, // 31: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
+	1,  // 32: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
+	0,  // 33: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
+	2,  // 34: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
+	0,  // 35: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
+	34, // [34:36] is the sub-list for method output_type
+	32, // [32:34] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_internal_agentpb_agent_proto_init() }
@@ -2896,7 +2975,7 @@ func file_internal_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_agentpb_agent_proto_rawDesc), len(file_internal_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
