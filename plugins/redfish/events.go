@@ -544,8 +544,8 @@ type rfErrorInfo struct {
 
 // redfishError reads a Redfish error answer.
 func redfishError(err error) (int, []rfErrorInfo) {
-	var ce *common.Error
-	if !errors.As(err, &ce) {
+	ce := gofishError(err) // also inside gofish's collection errors
+	if ce == nil {
 		return 0, nil
 	}
 	raw := ce.Error()
