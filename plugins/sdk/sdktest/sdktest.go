@@ -59,6 +59,10 @@ type Target struct {
 	// Timeout bounds each call and each wait for a settled power state;
 	// zero means 30s.
 	Timeout time.Duration
+	// LocalState says the driver answers power reads from state it holds
+	// without I/O (a mock), so a read with a canceled context may succeed.
+	// Any other driver must fail a call whose context is canceled.
+	LocalState bool
 	// EventDestination, if set, is a URL the BMC accepts as a subscription
 	// destination (nothing needs to listen there): the suite then checks
 	// the event subscription contract on drivers that offer events.
@@ -196,10 +200,11 @@ func (s *suite) canceled(t *testing.T) {
 		// Open may be cheap and not look at ctx; the first BMC call must.
 		defer b.Close()
 		if g, ok := has[sdk.PowerGetter](b, sdk.CapPowerGet); ok {
-			if _, err = g.PowerState(ctx); err == nil {
-				// Drivers with purely local state may answer anyway.
-				t.Logf("PowerState with a canceled context succeeded (local state)")
+			if _, err = g.PowerState(ctx); err == nil && !s.tg.LocalState {
+				t.Errorf("PowerState with a canceled context succeeded; a driver must not reach the BMC for a caller that has gone")
 			}
+		} else if !s.tg.LocalState {
+			t.Errorf("Open with a canceled context succeeded and the driver has no power read to check the context with")
 		}
 	}
 	if d := time.Since(start); d > 5*time.Second {
