@@ -101,14 +101,43 @@ def test_blocked_until_enabled(client):
         assert json.loads(e.value.text)["type"] == "BlockedError"
 
 
-def test_enable_disable_mixed_order(client, hil):
+def test_no_token_before_enable(client, obmd):
+    """Before HIL enables obm, obmd itself holds no token for the node: a
+    well-formed token it never issued is 401 (HIL's 409 never reaches it)."""
+    assert obmd_status(obmd, "node-99", "0123456789abcdef0123456789abcdef") == (401, "")
+
+
+def obmd_status(obmd, node, token):
+    """power_status straight at obmd with a token (not through HIL, whose
+    own 409 for a disabled node says nothing of obmd)."""
+    r = requests.get(obmd.uri(node) + "/power_status?token=" + token, timeout=30)
+    return r.status_code, r.text
+
+
+def test_enable_disable_mixed_order(client, hil, obmd):
+    issued = []
     for op in ("enable", "enable", "disable", "disable", "enable", "disable", "enable", "enable", "disable"):
         getattr(client, op + "_obm")("node-99")
         if op == "enable":
             assert client.power_status("node-99") == {"power_status": "Mock Status"}
-    # Disabled now: HIL blocks, and the last token obmd issued no longer works.
-    with pytest.raises(FailedAPICall):
+            token = node_token(hil, "node-99")
+            assert token not in issued, "obmd issued the same token twice"
+            issued.append(token)
+            # Only the newest token works at obmd: every earlier one was
+            # replaced (re-enable) or revoked (disable).
+            assert obmd_status(obmd, "node-99", token) == (200, '{"power_status":"Mock Status"}\n')
+            for old in issued[:-1]:
+                assert obmd_status(obmd, "node-99", old) == (401, ""), old
+        else:
+            assert node_token(hil, "node-99") is None
+    # Disabled now: HIL blocks with its own 409, and obmd itself refuses
+    # every token it ever issued.
+    with pytest.raises(FailedAPICall) as e:
         client.power_status("node-99")
+    assert e.value.status == 409
+    assert len(issued) == 5
+    for old in issued:
+        assert obmd_status(obmd, "node-99", old) == (401, ""), old
 
 
 def test_power_operations(client):
@@ -128,14 +157,19 @@ def test_power_operations(client):
     assert e.value.status == 400 and e.value.text == ""
 
 
-def test_nodes_are_independent(client, hil):
+def test_nodes_are_independent(client, hil, obmd):
     client.enable_obm("node-99")
     client.enable_obm("node-98")
-    assert node_token(hil, "node-99") != node_token(hil, "node-98")
+    t99, t98 = node_token(hil, "node-99"), node_token(hil, "node-98")
+    assert t99 != t98
+    # A node's token opens that node only.
+    assert obmd_status(obmd, "node-98", t99) == (401, "")
+    assert obmd_status(obmd, "node-99", t98) == (401, "")
     client.disable_obm("node-98")
     assert client.power_status("node-99") == {"power_status": "Mock Status"}
-    with pytest.raises(FailedAPICall):
-        client.power_status("node-98")
+    # At obmd: node-98's revoked token is refused, node-99's still works.
+    assert obmd_status(obmd, "node-98", t98) == (401, "")
+    assert obmd_status(obmd, "node-99", t99) == (200, '{"power_status":"Mock Status"}\n')
 
 
 def test_console_lines(client):
