@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -20,25 +21,38 @@ type Net struct {
 	ns     []string
 }
 
-// NewNet creates n hosts, or skips the test when network namespaces are
-// not available (not root, no iproute2).
+// netSeq makes each NewNet of a process (-count=2, several tests) use
+// names of its own.
+var netSeq atomic.Int32
+
+// NewNet creates n hosts. Without root or iproute2 it skips the test,
+// except in CI (CI set), where the partition tests must run. Any other
+// failure (leftovers of an earlier run, which it first removes, or a
+// kernel refusing namespaces) fails the test: it never turns into a skip.
 func NewNet(t testing.TB, n int) *Net {
 	t.Helper()
+	unavailable := t.Skipf
+	if os.Getenv("CI") != "" {
+		unavailable = t.Fatalf
+	}
 	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
+		unavailable("network namespaces need root")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("iproute2 is not installed")
+		unavailable("iproute2 is not installed")
 	}
-	id := os.Getpid() % 200
+	id := (os.Getpid() + int(netSeq.Add(1))) % 200
 	nt := &Net{t: t, prefix: fmt.Sprintf("10.201.%d", id), bridge: fmt.Sprintf("obmbr%d", id)}
+	// Leftovers of a run that was killed before its cleanup: the same
+	// names would fail with "RTNETLINK: File exists".
+	nt.removeLeftovers(id, n)
 	t.Cleanup(nt.Close)
 	nt.must("ip", "link", "add", nt.bridge, "type", "bridge")
 	nt.must("ip", "addr", "add", nt.prefix+".1/24", "dev", nt.bridge)
 	nt.must("ip", "link", "set", nt.bridge, "up")
 	for i := 1; i <= n; i++ {
 		ns := fmt.Sprintf("obm%d-h%d", id, i)
-		veth, peer := fmt.Sprintf("obv%d-%d", id, i), fmt.Sprintf("obp%d-%d", id, i)
+		veth, peer := nt.veth(i), fmt.Sprintf("obp%d-%d", id, i)
 		nt.must("ip", "netns", "add", ns)
 		nt.ns = append(nt.ns, ns)
 		nt.must("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
@@ -55,9 +69,24 @@ func NewNet(t testing.TB, n int) *Net {
 func (nt *Net) must(args ...string) {
 	nt.t.Helper()
 	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		nt.t.Skipf("network namespaces unavailable: %v: %v: %s", args, err, strings.TrimSpace(string(out)))
+		nt.t.Fatalf("network namespace setup: %v: %v: %s", args, err, strings.TrimSpace(string(out)))
 	}
 }
+
+// removeLeftovers deletes the namespaces, links and bridge this id's hosts
+// would use, if an earlier run left them.
+func (nt *Net) removeLeftovers(id, n int) {
+	for i := 1; i <= n+8; i++ {
+		exec.Command("ip", "link", "del", fmt.Sprintf("obv%d-%d", id, i)).Run()
+		exec.Command("ip", "netns", "del", fmt.Sprintf("obm%d-h%d", id, i)).Run()
+	}
+	exec.Command("ip", "link", "del", nt.bridge).Run()
+}
+
+// veth is the host end of host i's link.
+func (nt *Net) veth(i int) string { return fmt.Sprintf("obv%s-%d", nt.id(), i) }
+
+func (nt *Net) id() string { return nt.prefix[strings.LastIndex(nt.prefix, ".")+1:] }
 
 // Gateway is the test process's address on the bridge.
 func (nt *Net) Gateway() string { return nt.prefix + ".1" }
@@ -89,9 +118,12 @@ func (nt *Net) route(op string, from, to int) {
 	}
 }
 
-// Close removes the namespaces and the bridge.
+// Close removes the links, the namespaces and the bridge. The host ends
+// of the veth pairs are deleted first: a deleted namespace frees its end
+// only later, so a next run could find the pair still there.
 func (nt *Net) Close() {
-	for _, ns := range nt.ns {
+	for i, ns := range nt.ns {
+		exec.Command("ip", "link", "del", nt.veth(i+1)).Run()
 		exec.Command("ip", "netns", "del", ns).Run()
 	}
 	exec.Command("ip", "link", "del", nt.bridge).Run()
