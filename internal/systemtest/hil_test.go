@@ -267,15 +267,16 @@ func TestOBMD_API(t *testing.T) {
 		if s := status(); s != `{"power_status":"off"}`+"\n" {
 			t.Errorf("initial = %q", s)
 		}
-		c.do("POST", "/node/dm/power_cycle"+q, `{"force": false}`, false)
+		wantEmpty(t, "dummy power_cycle", c.do("POST", "/node/dm/power_cycle"+q, `{"force": false}`, false), 200)
 		if s := status(); s != `{"power_status":"on"}`+"\n" {
 			t.Errorf("after power_cycle = %q", s)
 		}
-		c.do("POST", "/node/dm/power_off"+q, "", false)
+		wantEmpty(t, "dummy power_off", c.do("POST", "/node/dm/power_off"+q, "", false), 200)
 		if s := status(); s != `{"power_status":"off"}`+"\n" {
 			t.Errorf("after power_off = %q", s)
 		}
-		c.do("PUT", "/node/dm/boot_device"+q, `{"bootdev":"anything at all"}`, false)
+		// The dummy accepts any boot device (obmd's dummy did).
+		wantEmpty(t, "dummy boot_device", c.do("PUT", "/node/dm/boot_device"+q, `{"bootdev":"anything at all"}`, false), 200)
 		// The dummy console dials a closed port: 500 like obmd's dial failure.
 		wantEmpty(t, "dummy console to a closed port", c.do("GET", "/node/dm/console"+q, "", false), 500)
 	})
@@ -290,7 +291,7 @@ func TestOBMD_API(t *testing.T) {
 		last = drain(t, lines, done, last)
 		tok = c.token("con")
 		lines2, done2 := streamConsole(t, c, "con", tok)
-		first := <-lines2
+		first := nextLine(t, lines2)
 		n, _ := strconv.Atoi(first)
 		// obmd: the line being written when the stream was cut is lost:
 		// the next stream starts at last+2 (last+3 if a line was in transit).
@@ -301,7 +302,7 @@ func TestOBMD_API(t *testing.T) {
 		// A new viewer ends the current one.
 		lines3, done3 := streamConsole(t, c, "con", tok)
 		drain(t, lines2, done2, n+20)
-		m, _ := strconv.Atoi(<-lines3)
+		m, _ := strconv.Atoi(nextLine(t, lines3))
 		if m <= n+20 {
 			t.Errorf("third viewer starts at %d, not after the second's %d", m, n+20)
 		}
@@ -314,8 +315,8 @@ func TestOBMD_API(t *testing.T) {
 		drain(t, lines3, done3, -1)
 		tok = c.token("con")
 		lines4, done4 := streamConsole(t, c, "con", tok)
-		<-lines4
-		c.do("DELETE", "/node/con", "", true)
+		nextLine(t, lines4)
+		wantEmpty(t, "DELETE node with a console open", c.do("DELETE", "/node/con", "", true), 200)
 		drain(t, lines4, done4, -1)
 	})
 
@@ -382,6 +383,18 @@ func readConsole(t *testing.T, lines <-chan string, first, n int) int {
 		}
 	}
 	return first + n - 1
+}
+
+// nextLine is the stream's next line, within 15s.
+func nextLine(t *testing.T, lines <-chan string) string {
+	t.Helper()
+	select {
+	case l := <-lines:
+		return l
+	case <-time.After(15 * time.Second):
+		t.Fatal("no console line within 15s")
+	}
+	return ""
 }
 
 // drain reads the rest of a stream that must end now, checking the count
