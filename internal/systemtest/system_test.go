@@ -1,7 +1,10 @@
 package systemtest
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -61,26 +64,91 @@ func waitAgentHealthy(t *testing.T, c *Cluster) {
 	}
 }
 
+// canaryForms are the ways a leaked canary could be written: plaintext,
+// hex (either case), and base64 (standard and URL alphabets) at each of the
+// three alignments it can have inside a longer encoded value (a []byte
+// field marshalled to JSON in a Raft entry in bolt is base64).
+func canaryForms(secret string) map[string]string {
+	forms := map[string]string{"plaintext": secret, "hex": hex.EncodeToString([]byte(secret)),
+		"HEX": strings.ToUpper(hex.EncodeToString([]byte(secret)))}
+	for pad := range 3 {
+		b := append(make([]byte, pad), secret...)
+		for name, enc := range map[string]*base64.Encoding{"base64": base64.StdEncoding, "base64url": base64.URLEncoding} {
+			e := enc.EncodeToString(b)
+			// Only the characters made of the secret's bits alone: not
+			// those the bytes before or after it touch.
+			start, end := (pad*8+5)/6, (pad+len(secret))*8/6
+			forms[fmt.Sprintf("%s+%d", name, pad)] = e[start:end]
+		}
+	}
+	return forms
+}
+
+func TestCanaryForms(t *testing.T) {
+	forms := canaryForms(canary)
+	for _, prefix := range []string{"", "x", "xy", "xyz"} {
+		for _, suffix := range []string{"", "!", "!!"} {
+			v := prefix + canary + suffix
+			enc := map[string]string{"hex": hex.EncodeToString([]byte(v)), "base64": base64.StdEncoding.EncodeToString([]byte(v)),
+				"base64url": base64.RawURLEncoding.EncodeToString([]byte(v))}
+			for name, e := range enc {
+				found := false
+				for _, f := range forms {
+					found = found || strings.Contains(e, f)
+				}
+				if !found {
+					t.Errorf("%s of %q hides the canary from the scan", name, v)
+				}
+			}
+		}
+	}
+}
+
 func scanForCanary(t *testing.T, c *Cluster, pids []int) {
 	t.Helper()
-	filepath.WalkDir(c.Dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
+	forms := canaryForms(canary)
+	find := func(b []byte) string {
+		for name, f := range forms {
+			if bytes.Contains(b, []byte(f)) {
+				return name
+			}
+		}
+		return ""
+	}
+	scanned := 0
+	// Every file: logs, configuration, raft.db (bolt pages hold values
+	// as written), snapshots.
+	err := filepath.WalkDir(c.Dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
 			return nil
 		}
 		b, err := os.ReadFile(path)
-		if err == nil && strings.Contains(string(b), canary) {
-			t.Errorf("the canary password appears in plaintext in %s", path)
+		if err != nil {
+			return err
+		}
+		scanned++
+		if form := find(b); form != "" {
+			t.Errorf("the canary password appears (%s) in %s", form, path)
 		}
 		return nil
 	})
+	if err != nil {
+		t.Errorf("scanning %s: %v", c.Dir, err)
+	}
+	if scanned == 0 {
+		t.Errorf("no file scanned under %s", c.Dir)
+	}
 	for i, out := range c.Outputs() {
-		if strings.Contains(out, canary) {
-			t.Errorf("the canary password appears in CLI output #%d: %q", i, out)
+		if form := find([]byte(out)); form != "" {
+			t.Errorf("the canary password appears (%s) in CLI output #%d: %q", form, i, out)
 		}
 	}
 	for _, pid := range pids {
-		if strings.Contains(Cmdline(pid), canary) {
-			t.Errorf("the canary password appears in the argv of pid %d", pid)
+		if form := find([]byte(Cmdline(pid))); form != "" {
+			t.Errorf("the canary password appears (%s) in the argv of pid %d", form, pid)
 		}
 	}
 }
