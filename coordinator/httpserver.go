@@ -33,7 +33,17 @@ type requestLimits struct {
 // bounded bodies and answers (see publicRequests), a header size limit and
 // a connection limit in total and per client.
 func newHTTPServer(cfg HTTPConfig, ln net.Listener, h http.Handler, logger *slog.Logger) (*http.Server, *netlimit.Listener) {
-	lim := netlimit.Wrap(ln, netlimit.Config{Max: cfg.MaxConnections, PerClient: cfg.MaxConnectionsPerClient})
+	var lastWarn time.Time // touched only by the accept loop
+	var lim *netlimit.Listener
+	lim = netlimit.Wrap(ln, netlimit.Config{Max: cfg.MaxConnections, PerClient: cfg.MaxConnectionsPerClient,
+		OnRefuse: func(remote net.Addr) {
+			// At most one warning every 10 s: a flood must not flood the log.
+			if time.Since(lastWarn) >= 10*time.Second {
+				lastWarn = time.Now()
+				logger.Warn("http: refusing connections from a client at http.max_connections_per_client",
+					"client", remote.String(), "limit", cfg.MaxConnectionsPerClient, "refused_total", lim.Refused())
+			}
+		}})
 	srv := &http.Server{
 		Handler:           publicRequests(h, requestLimits{body: cfg.ReadBodyTimeout.D(), write: cfg.WriteTimeout.D()}),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout.D(),

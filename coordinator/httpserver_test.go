@@ -20,7 +20,7 @@ import (
 const (
 	testHeaderTimeout = 300 * time.Millisecond
 	testBodyTimeout   = 300 * time.Millisecond
-	testWriteTimeout  = 600 * time.Millisecond
+	testWriteTimeout  = 1500 * time.Millisecond
 )
 
 // startServer serves h on loopback behind newHTTPServer with short limits.

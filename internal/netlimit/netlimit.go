@@ -30,6 +30,9 @@ type Config struct {
 	Max int
 	// PerClient is the most connections open at once from one client.
 	PerClient int
+	// OnRefuse, if set, is called (from Accept) with the address of each
+	// connection closed because its client was at its limit.
+	OnRefuse func(remote net.Addr)
 }
 
 // Listener wraps a net.Listener with the limits of Config.
@@ -78,6 +81,9 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if keyed && l.cfg.PerClient > 0 && l.byClient[key] >= l.cfg.PerClient {
 			l.mu.Unlock()
 			l.refused.Add(1)
+			if l.cfg.OnRefuse != nil {
+				l.cfg.OnRefuse(c.RemoteAddr())
+			}
 			c.Close()
 			l.releaseSlot()
 			continue

@@ -126,7 +126,13 @@ func TestMaxWaitsForAFreeSlot(t *testing.T) {
 }
 
 func TestPerClientRefusesAtOnceAndHoldsNoSlot(t *testing.T) {
-	s := serve(t, Config{Max: 3, PerClient: 2})
+	var mu sync.Mutex
+	var refusedFrom []string
+	s := serve(t, Config{Max: 3, PerClient: 2, OnRefuse: func(a net.Addr) {
+		mu.Lock()
+		refusedFrom = append(refusedFrom, a.(*net.TCPAddr).IP.String())
+		mu.Unlock()
+	}})
 	dial(t, s, "127.0.0.1")
 	dial(t, s, "127.0.0.1")
 	first, second := s.next(t), s.next(t)
@@ -141,6 +147,11 @@ func TestPerClientRefusesAtOnceAndHoldsNoSlot(t *testing.T) {
 	if got := s.l.Refused(); got != 5 {
 		t.Errorf("Refused = %d, want 5", got)
 	}
+	mu.Lock()
+	if len(refusedFrom) != 5 || refusedFrom[0] != "127.0.0.1" {
+		t.Errorf("OnRefuse saw %v, want 127.0.0.1 five times", refusedFrom)
+	}
+	mu.Unlock()
 	// Another client still gets the free global slot.
 	other := dial(t, s, "127.0.0.2")
 	oc := s.next(t)

@@ -301,7 +301,7 @@ func TestSecurity_MemberHeadersFromClients(t *testing.T) {
 	leader := g.Leader(60 * time.Second)
 	g.WaitAgents(1)
 	follower := g.Followers(leader)[0]
-	for _, n := range []string{`{"name":"slow","driver":"mock","options":{"delay":"2s"}}`, `{"name":"fast","driver":"mock"}`} {
+	for _, n := range []string{`{"name":"slow","driver":"mock","options":{"delay":"2s"}}`, `{"name":"fast","driver":"mock","options":{"delay":"1s"}}`} {
 		if st, b := doRaw(t, leader.HTTPAddr, g.Token, "POST", "/v1/nodes", n, nil); st != 201 {
 			t.Fatalf("register %s: %d %s", n, st, b)
 		}
@@ -321,6 +321,23 @@ func TestSecurity_MemberHeadersFromClients(t *testing.T) {
 		}
 	})
 
+	t.Run("a 401 closes the connection, on the leader and through a follower", func(t *testing.T) {
+		for _, m := range []*Member{leader, follower} {
+			for _, path := range []string{"/v1/nodes", "/node/fast/power_status?token=00000000000000000000000000000000"} {
+				req, _ := http.NewRequest("GET", "http://"+m.HTTPAddr+path, nil)
+				req.Header.Set("Authorization", "Bearer wrong-token-0123456789")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusUnauthorized || !resp.Close {
+					t.Errorf("GET %s via %s: %d, Connection %q; want 401 and the connection closed", path, m.Name, resp.StatusCode, resp.Header.Get("Connection"))
+				}
+			}
+		}
+	})
+
 	// Two concurrent operations sent with the same client-chosen id: each
 	// gets its own fresh id and its own result, on the leader and through
 	// a follower.
@@ -334,10 +351,9 @@ func TestSecurity_MemberHeadersFromClients(t *testing.T) {
 				raw    []byte
 			}
 			var slow, fast result
-			// The slow operation (its agent call takes 2s) must be running
-			// when the fast one arrives with the same id; the receipts'
-			// times show whether they overlapped, and a pair that did not
-			// is sent again.
+			// The two operations (their agent calls take 2s and 1s) must run
+			// at the same time; the receipts' times show whether they did,
+			// and a pair that did not is sent again.
 			for attempt := 0; ; attempt++ {
 				var wg sync.WaitGroup
 				wg.Go(func() {
@@ -349,7 +365,7 @@ func TestSecurity_MemberHeadersFromClients(t *testing.T) {
 					fast = result{st, decodeReceipt(b), b}
 				})
 				wg.Wait()
-				overlapped := fast.rec.StartedAt.After(slow.rec.StartedAt) && fast.rec.StartedAt.Before(slow.rec.FinishedAt)
+				overlapped := fast.rec.StartedAt.Before(slow.rec.FinishedAt) && slow.rec.StartedAt.Before(fast.rec.FinishedAt)
 				if overlapped || slow.status != 200 || fast.status != 200 || attempt == 4 {
 					if !overlapped {
 						t.Logf("the two operations never overlapped in %d attempts", attempt+1)
