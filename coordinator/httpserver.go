@@ -31,7 +31,9 @@ type requestLimits struct {
 
 // newHTTPServer builds the public API server over ln: bounded header reads,
 // bounded bodies and answers (see publicRequests), a header size limit and
-// a connection limit in total and per client.
+// a connection limit in total and per client. It speaks HTTP/1.1 only, also
+// over TLS: one HTTP/2 connection could carry hundreds of requests past
+// the connection limits, and could not be closed after a 401.
 func newHTTPServer(cfg HTTPConfig, ln net.Listener, h http.Handler, logger *slog.Logger) (*http.Server, *netlimit.Listener) {
 	var lastWarn time.Time // touched only by the accept loop
 	var lim *netlimit.Listener
@@ -51,6 +53,8 @@ func newHTTPServer(cfg HTTPConfig, ln net.Listener, h http.Handler, logger *slog
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP1(true)
 	return srv, lim
 }
 

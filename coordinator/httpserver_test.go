@@ -2,8 +2,14 @@ package coordinator
 
 import (
 	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -30,6 +36,11 @@ func startServer(t *testing.T, h http.Handler) string {
 	cfg.ReadHeaderTimeout = config.Duration(testHeaderTimeout)
 	cfg.ReadBodyTimeout = config.Duration(testBodyTimeout)
 	cfg.WriteTimeout = config.Duration(testWriteTimeout)
+	return startServerConfig(t, cfg, h)
+}
+
+func startServerConfig(t *testing.T, cfg HTTPConfig, h http.Handler) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -211,7 +222,8 @@ func TestPublicRequests_InternalHeadersAreRemoved(t *testing.T) {
 }
 
 func TestPublicRequests_BodyOverTheCapIsRefused(t *testing.T) {
-	addr := startServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// Default timeouts: a 70 MB body takes a while under the race detector.
+	addr := startServerConfig(t, DefaultConfig().HTTP, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, err := io.Copy(io.Discard, r.Body)
 		var mbe *http.MaxBytesError
 		if !errors.As(err, &mbe) {
@@ -239,5 +251,48 @@ func TestPublicRequests_BodyOverTheCapIsRefused(t *testing.T) {
 	}
 	if resp.StatusCode != http.StatusRequestEntityTooLarge {
 		t.Errorf("status %d, want 413", resp.StatusCode)
+	}
+}
+
+// selfSigned is a throwaway certificate for 127.0.0.1.
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// Over TLS the listener speaks HTTP/1.1 only, so its connection limits and
+// Connection: close mean what they say.
+func TestHTTPServer_NoHTTP2(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, lim := newHTTPServer(DefaultConfig().HTTP, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.Proto)
+	}), logging.Discard())
+	srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}
+	done := make(chan struct{})
+	go func() { srv.ServeTLS(lim, "", ""); close(done) }()
+	defer func() { srv.Close(); <-done }()
+	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Get("https://" + ln.Addr().String() + "/v1/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.Proto != "HTTP/1.1" || string(b) != "HTTP/1.1" {
+		t.Errorf("a client offering HTTP/2 got %s (handler saw %s), want HTTP/1.1", resp.Proto, b)
 	}
 }
