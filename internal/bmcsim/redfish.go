@@ -74,6 +74,10 @@ type RedfishQuirks struct {
 	// ActionInfo resource) instead of inline AllowableValues.
 	ResetTypes      map[string][]string
 	ResetActionInfo bool
+	// BootTargets limits BootSourceOverrideTarget@Redfish.AllowableValues
+	// of systems (by Id or @odata.id); other targets are refused with 400
+	// PropertyValueNotInList.
+	BootTargets map[string][]string
 	// BootModeAbsent: systems do not have BootSourceOverrideMode (a PATCH
 	// naming it is refused with 400 PropertyUnknown). Without it, every
 	// system has the property, "UEFI" where the mockup has none.
@@ -346,6 +350,14 @@ func (r *Redfish) applyQuirks() error {
 		actions, _ := doc["Actions"].(map[string]any)
 		reset, _ := actions["#ComputerSystem.Reset"].(map[string]any)
 		for _, key := range []string{id, pathpkg.Base(id)} {
+			if targets, ok := q.BootTargets[key]; ok {
+				used["boot:"+key] = true
+				var vals []any
+				for _, t := range targets {
+					vals = append(vals, t)
+				}
+				s.boot["BootSourceOverrideTarget@Redfish.AllowableValues"] = vals
+			}
 			if types, ok := q.ResetTypes[key]; ok {
 				used[key] = true
 				s.allowed = slices.Clone(types)
@@ -366,6 +378,11 @@ func (r *Redfish) applyQuirks() error {
 	for key := range q.ResetTypes {
 		if !used[key] {
 			return fmt.Errorf("bmcsim: RedfishQuirks.ResetTypes names %q, which is not a system of the mockup", key)
+		}
+	}
+	for key := range q.BootTargets {
+		if !used["boot:"+key] {
+			return fmt.Errorf("bmcsim: RedfishQuirks.BootTargets names %q, which is not a system of the mockup", key)
 		}
 	}
 	if q.OneManager {

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/common"
@@ -406,6 +407,14 @@ func (b *bmc) Subscribe(ctx context.Context, spec sdk.SubscriptionSpec) (sdk.Cre
 		if err != nil {
 			return err
 		}
+		// Never a second subscription for the same destination and owner
+		// (Context): one the BMC already has is the answer.
+		if list, err := listSubscriptions(ctx, client, es.subscriptions); err == nil {
+			if s, ok := sameOwner(list.Subscriptions, spec); ok {
+				res.Subscription = s
+				return nil
+			}
+		}
 		// Each refusal that names a property we sent is learned once and
 		// the create retried without it; at most one retry per quirk.
 		for range 5 {
@@ -430,7 +439,30 @@ func (b *bmc) Subscribe(ctx context.Context, spec sdk.SubscriptionSpec) (sdk.Cre
 				}
 				return err
 			}
-			return b.created(ctx, client, es.subscriptions, spec, resp, &res)
+			if err := b.created(ctx, client, es.subscriptions, spec, resp, &res); err != nil {
+				return err
+			}
+			// Read back what the BMC stored: a subscription that can
+			// never fire is deleted, and made again with EventTypes.
+			why := undeliverable(client, res.Subscription.URI, p)
+			if why == "" {
+				return nil
+			}
+			resp, derr := client.Delete(res.Subscription.URI)
+			if derr == nil {
+				resp.Body.Close()
+			}
+			uri := res.Subscription.URI
+			res.Subscription = sdk.Subscription{}
+			if derr != nil && status(derr) != http.StatusNotFound {
+				res.Subscription.URI, res.Ambiguous = uri, false
+				return sdk.Errorf(sdk.ClassProtocol, "redfish: the BMC stored the subscription at %s with %s, so it can never deliver, and it could not be deleted", uri, why)
+			}
+			if len(p.EventTypes) == 0 && !sdk.HasQuirk(res.Quirks, sdk.QuirkNoEventTypes) && !sdk.HasQuirk(res.Quirks, sdk.QuirkRequiresEventTypes) {
+				res.Quirks = append(res.Quirks, sdk.QuirkRequiresEventTypes)
+				continue // made again, with EventTypes
+			}
+			return sdk.Errorf(sdk.ClassProtocol, "redfish: the BMC stored the subscription with %s, so it could never deliver; it was deleted", why)
 		}
 		return sdk.Errorf(sdk.ClassProtocol, "redfish: the BMC kept refusing the subscription after every known adaptation")
 	})
@@ -497,6 +529,53 @@ func (b *bmc) created(ctx context.Context, client *gofish.APIClient, coll string
 	}
 	res.Subscription = s
 	return nil
+}
+
+// sameOwner finds a subscription for the spec's destination and owner:
+// the same Destination and Context (the same Destination alone on a BMC
+// known not to return Context).
+func sameOwner(subs []sdk.Subscription, spec sdk.SubscriptionSpec) (sdk.Subscription, bool) {
+	for _, s := range subs {
+		if s.Destination != spec.Destination {
+			continue
+		}
+		if s.Context == spec.Context && spec.Context != "" {
+			return s, true
+		}
+		if sdk.HasQuirk(spec.Quirks, sdk.QuirkContextNotReturned) && s.Context == "" {
+			s.Context = spec.Context
+			return s, true
+		}
+	}
+	return sdk.Subscription{}, false
+}
+
+// undeliverable reads a created subscription back and says why it can
+// never deliver ("" when it can): EventTypes stored empty ("" or [""])
+// where none or some were sent. A read that fails says nothing.
+func undeliverable(client *gofish.APIClient, uri string, sent createPayload) string {
+	if uri == "" {
+		return ""
+	}
+	doc, err := getObject(client, uri)
+	if err != nil {
+		return ""
+	}
+	raw, present := doc["EventTypes"]
+	if !present || string(raw) == "null" {
+		return ""
+	}
+	if s, ok := field[string](doc, "EventTypes"); ok && s == "" {
+		return `EventTypes ""`
+	}
+	types, _ := field[[]string](doc, "EventTypes")
+	if slices.Contains(types, "") {
+		return `EventTypes [""]`
+	}
+	if len(types) == 0 && len(sent.EventTypes) > 0 {
+		return "no EventTypes (some were sent)"
+	}
+	return ""
 }
 
 // findCreated finds a just-created subscription in a listing: by Context
@@ -781,10 +860,13 @@ func (b *bmc) ResumeSubscription(ctx context.Context, uri string) error {
 	})
 }
 
-// SendTestEvent asks for a test event: SubmitTestEvent with a payload
-// strict BMCs take (a registry-style MessageId, no If-Match, no gofish
-// oddities), falling back to TestEventSubscription when the BMC refuses it
-// and offers that.
+// SendTestEvent asks for a test event: SubmitTestEvent with every
+// parameter EventService 1.0 required (EventId, EventTimestamp, MessageId
+// in registry form, MessageArgs, OriginOfCondition, the severity under the
+// name the service's version uses), no If-Match, no gofish oddities;
+// falling back to TestEventSubscription when the BMC refuses it and offers
+// that. A BMC that advertises SubmitTestEvent but answers 405 or 501 is
+// told apart from one that refuses the payload.
 func (b *bmc) SendTestEvent(ctx context.Context, e sdk.TestEvent) error {
 	return b.events(ctx, "send a test event", func(client *gofish.APIClient) error {
 		es, err := readEventService(client)
@@ -792,29 +874,16 @@ func (b *bmc) SendTestEvent(ctx context.Context, e sdk.TestEvent) error {
 			return err
 		}
 		if es.submitTest != "" {
-			body := map[string]any{"MessageId": e.MessageID, "Message": e.Message}
-			if e.MessageID == "" {
-				body["MessageId"] = defaultTest
-			}
-			if e.Message == "" {
-				body["Message"] = "Test event requested through obmesh."
-			}
-			if e.EventType != "" {
-				body["EventType"] = e.EventType
-			}
-			if e.Severity != "" {
-				if versionAtLeast(es.caps.Version, 1, 10) {
-					body["MessageSeverity"] = e.Severity
-				} else {
-					body["Severity"] = e.Severity
-				}
-			}
-			resp, err := client.Post(es.submitTest, body)
+			resp, err := client.Post(es.submitTest, testEventBody(e, es, b.systemID))
 			if err == nil {
 				resp.Body.Close()
 				return nil
 			}
-			if code := status(err); es.testSubs == "" || code == 0 || code == http.StatusUnauthorized || code >= 500 {
+			code := status(err)
+			if (code == http.StatusMethodNotAllowed || code == http.StatusNotImplemented) && es.testSubs == "" {
+				return sdk.Errorf(sdk.ClassUnsupported, "redfish: the BMC advertises SubmitTestEvent but does not implement it (%d), and offers no TestEventSubscription", code)
+			}
+			if es.testSubs == "" || code == 0 || code == http.StatusUnauthorized || (code >= 500 && code != http.StatusNotImplemented) {
 				return err
 			}
 		}
@@ -827,4 +896,42 @@ func (b *bmc) SendTestEvent(ctx context.Context, e sdk.TestEvent) error {
 		}
 		return err
 	})
+}
+
+// testEventBody is a SubmitTestEvent payload.
+func testEventBody(e sdk.TestEvent, es eventSvc, system string) map[string]any {
+	now := time.Now().UTC()
+	origin := system
+	if origin == "" {
+		origin = "/redfish/v1/EventService"
+	}
+	body := map[string]any{
+		"EventId":           fmt.Sprintf("obmesh-%d", now.UnixNano()),
+		"EventTimestamp":    now.Format(time.RFC3339),
+		"MessageId":         e.MessageID,
+		"Message":           e.Message,
+		"MessageArgs":       []string{},
+		"OriginOfCondition": origin,
+	}
+	if e.MessageID == "" {
+		body["MessageId"] = defaultTest
+	}
+	if e.Message == "" {
+		body["Message"] = "Test event requested through obmesh."
+	}
+	if e.EventType != "" {
+		body["EventType"] = e.EventType
+	} else if es.caps.Version != "" && !versionAtLeast(es.caps.Version, 1, 3) {
+		body["EventType"] = "Alert" // required before EventService 1.3
+	}
+	sev := e.Severity
+	if sev == "" {
+		sev = "OK"
+	}
+	if versionAtLeast(es.caps.Version, 1, 10) {
+		body["MessageSeverity"] = sev
+	} else {
+		body["Severity"] = sev
+	}
+	return body
 }

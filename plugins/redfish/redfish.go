@@ -512,6 +512,7 @@ func (c *conn) connect(ctx context.Context) error {
 	for i, m := range modes {
 		cfg := gofish.ClientConfig{Endpoint: c.t.endpoint, HTTPClient: hc, ReuseConnections: true}
 		var tok, loc string
+		err = nil
 		switch m {
 		case authSession, authSessionBasic:
 			var noSessions bool
