@@ -92,13 +92,15 @@ func SpecFromOBM(label string, body []byte) (api.NodeSpec, error) {
 		}
 	case "redfish":
 		var i struct {
-			Addr        string `json:"addr"`
-			User        string `json:"user"`
-			Pass        string `json:"pass"`
-			System      string `json:"system"`
-			Insecure    bool   `json:"insecure"`
-			CACert      string `json:"ca_cert"`
-			Fingerprint string `json:"fingerprint"`
+			Addr        string   `json:"addr"`
+			User        string   `json:"user"`
+			Pass        string   `json:"pass"`
+			System      string   `json:"system"`
+			Insecure    bool     `json:"insecure"`
+			CACert      string   `json:"ca_cert"`
+			Fingerprint string   `json:"fingerprint"`
+			BasicAuth   bool     `json:"basic_auth"`
+			RequestRate *float64 `json:"request_rate"`
 		}
 		if err := decode(&i); err != nil {
 			return api.NodeSpec{}, err
@@ -116,6 +118,12 @@ func SpecFromOBM(label string, body []byte) (api.NodeSpec, error) {
 		}
 		if i.Fingerprint != "" {
 			opts["fingerprint"] = i.Fingerprint
+		}
+		if i.BasicAuth {
+			opts["basic_auth"] = "true"
+		}
+		if i.RequestRate != nil {
+			opts["request_rate"] = strconv.FormatFloat(*i.RequestRate, 'g', -1, 64)
 		}
 		if len(opts) > 0 {
 			spec.Options = opts
