@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -114,6 +115,11 @@ type Store struct {
 
 	done chan struct{} // closed by Close: stops the membership recorder
 	wg   sync.WaitGroup
+
+	// readTerm is the term in which this member, leading, committed an
+	// entry of its own (a barrier): from then on its commit index covers
+	// every entry of earlier terms, so reads may trust it.
+	readTerm atomic.Uint64
 }
 
 // New returns an unopened store. It does no I/O.
@@ -480,10 +486,49 @@ func (s *Store) VerifyLeader(ctx context.Context) error {
 		if err != nil {
 			return s.notLeader()
 		}
+		if err := s.awaitTermCommitted(ctx); err != nil {
+			return err
+		}
 		return s.awaitApplied(ctx)
 	case <-ctx.Done():
 		// The future completes on its own (raft bounds it); the goroutine
 		// then exits through the buffered channel.
+		return ctx.Err()
+	}
+}
+
+// awaitTermCommitted makes sure this leader has committed an entry of its
+// own term before it serves a read. A leader elected a moment ago may not
+// know yet that its predecessor's last entries were committed (the old
+// leader acknowledged them and died before telling anyone): until an entry
+// of the new term commits, its commit index lags and a read could miss an
+// acknowledged write. A barrier commits one; it is issued once per term.
+func (s *Store) awaitTermCommitted(ctx context.Context) error {
+	term := s.raft.CurrentTerm()
+	if s.readTerm.Load() == term {
+		return nil
+	}
+	timeout := s.cfg.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	done := make(chan error, 1)
+	f := s.raft.Barrier(timeout)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		switch {
+		case err == nil:
+			s.readTerm.Store(term)
+			return nil
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+			return s.notLeader()
+		case errors.Is(err, raft.ErrEnqueueTimeout):
+			return fmt.Errorf("store: read barrier not committed in time: %w", context.DeadlineExceeded)
+		}
+		return fmt.Errorf("store: read barrier: %w", err)
+	case <-ctx.Done():
+		// As in VerifyLeader: raft completes the future within timeout.
 		return ctx.Err()
 	}
 }
