@@ -9,15 +9,36 @@ PYTHON   ?= /usr/bin/python3
 SHELL    := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
+# The version obmesh reports (obmesh version, the API's status): a tag on
+# HEAD (v1.2.3 -> 1.2.3, or 1.2.3-4-gabc1234 after it), else the source's
+# development version with the commit (0.1.0-dev+gabc1234, .dirty when the
+# tree has changes).
+ifndef VERSION
+VERSION := $(shell v=$$(git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null) && echo "$${v/v/}" || \
+	echo "$$(sed -n 's/^var Version = "\(.*\)"$$/\1/p' coordinator/coordinator.go)+g$$(git describe --always --dirty 2>/dev/null | tr - . || echo unknown)")
+endif
+LDFLAGS  := -X github.com/obmesh/obmesh/coordinator.Version=$(VERSION)
+
+# make install: where things go (DESTDIR is prepended to all of them).
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
+DOCDIR     ?= $(PREFIX)/share/doc/obmesh
+# make package: the staging tree, the output directory and nfpm.
+PKGROOT    ?= build/pkgroot
+DIST       ?= dist
+NFPM       ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
+
 .DEFAULT_GOAL := help
 
-.PHONY: help build run test test-short test-hil lint proto bench fuzz fuzz-short clean deps
+.PHONY: install package print-version help build run test test-short test-hil lint proto bench fuzz fuzz-short clean deps
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 build: ## build bin/obmesh and bin/obmd
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 run: build ## start obmesh dev: a coordinator, an agent and simulated nodes
 	./$(BIN)/obmesh dev
@@ -67,5 +88,30 @@ fuzz: ## fuzz every target for FUZZTIME (default 30s) each
 fuzz-short: ## fuzz every target briefly (FUZZTIME_SHORT, default 5s); part of make test
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_SHORT)
 
+install: build ## install binaries, systemd units, completions, docs and example configs into DESTDIR/PREFIX (default /usr/local)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(DOCDIR)/examples \
+		$(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/vendor-completions
+	install -m 0755 $(BIN)/obmesh $(BIN)/obmd $(DESTDIR)$(BINDIR)/
+	for u in packaging/systemd/*.service.in; do \
+		out=$(DESTDIR)$(UNITDIR)/$$(basename $$u .in); \
+		sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' $$u > $$out; \
+		chmod 0644 $$out; \
+	done
+	install -m 0644 packaging/sysusers.d/obmesh.conf $(DESTDIR)$(PREFIX)/lib/sysusers.d/obmesh.conf
+	install -m 0644 configs/*.toml $(DESTDIR)$(DOCDIR)/examples/
+	install -m 0644 README.md CHANGELOG.md docs/*.md $(DESTDIR)$(DOCDIR)/
+	GOOS= GOARCH= $(GO) run ./cmd/obmesh completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/obmesh
+	GOOS= GOARCH= $(GO) run ./cmd/obmesh completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/vendor-completions/_obmesh
+	chmod 0644 $(DESTDIR)$(PREFIX)/share/bash-completion/completions/obmesh $(DESTDIR)$(PREFIX)/share/zsh/vendor-completions/_obmesh
+
+print-version: ## print the version make build, install and package stamp
+	@echo $(VERSION)
+
+package: ## build dist/obmesh_VERSION_ARCH.deb (DIST) with nfpm v2.45.2 (go run: network only to the Go module proxy)
+	rm -rf $(PKGROOT)
+	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(PKGROOT)) PREFIX=/usr SYSCONFDIR=/etc VERSION=$(VERSION)
+	mkdir -p $(DIST)
+	VERSION=$(VERSION) ARCH=$$($(GO) env GOARCH) PKGROOT=$(abspath $(PKGROOT)) $(NFPM) package --config packaging/nfpm.yaml --packager deb --target $(DIST)/
+
 clean: ## remove build output
-	rm -rf $(BIN)
+	rm -rf $(BIN) build $(DIST)

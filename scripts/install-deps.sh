@@ -9,6 +9,8 @@ wanted=(
   ipmitool:ipmitool
   python3-pytest:/usr/lib/python3/dist-packages/pytest
   python3-requests:/usr/lib/python3/dist-packages/requests
+  systemd:systemd-analyze
+  zsh:zsh
 )
 
 missing=()
