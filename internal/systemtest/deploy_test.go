@@ -204,7 +204,7 @@ func TestDocs_DeployThreeCoordinators(t *testing.T) {
 	dir := t.TempDir()
 	etc := filepath.Join(dir, "etc")
 	out := runDeploy(t, dir, script.String(), "OBMESH_ETC="+etc, "OBMESH_DATA="+filepath.Join(dir, "data"), "OBMESH_MEMBERS="+strings.Join(members, " "))
-	peers := regexp.MustCompile(`(?m)^coord-\d\s+` + regexp.QuoteMeta(base) + `\.\d:7000\s+(leader|follower)\s+\d+\s+\d+\s+healthy\s*$`).FindAllString(out, -1)
+	peers := regexp.MustCompile(`(?m)^coord-\d\s+`+regexp.QuoteMeta(base)+`\.\d:7000\s+(leader|follower)\s+\d+\s+\d+\s+healthy\s*$`).FindAllString(out, -1)
 	if len(peers) != 3 {
 		t.Errorf("list-peers showed %d healthy members, want 3:\n%s", len(peers), tail(out, 4000))
 	}
