@@ -45,7 +45,7 @@ type fakeRaft struct {
 	applyErr  error
 	added     []string // "id addr"
 	applied   []state.Command
-	addVoterC chan struct{} // closed when AddVoter is first called (nil: none)
+	isLeaderN int // IsLeader calls
 }
 
 func newFakeRaft() *fakeRaft { return &fakeRaft{st: state.New()} }
@@ -53,7 +53,14 @@ func newFakeRaft() *fakeRaft { return &fakeRaft{st: state.New()} }
 func (f *fakeRaft) IsLeader() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.isLeaderN++
 	return f.leader
+}
+
+func (f *fakeRaft) isLeaderCalls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.isLeaderN
 }
 
 func (f *fakeRaft) Leader() (string, string) {
@@ -422,7 +429,7 @@ func TestService_LeaderLinkAddr(t *testing.T) {
 func TestHostOf(t *testing.T) {
 	for in, want := range map[string]string{
 		"127.0.0.1:7443": "127.0.0.1", "[::1]:7443": "::1", "c1.example:1": "c1.example", "noport": "noport",
-		"a:b:1": "a:b", ":1": "",
+		"a:b:1": "a:b", ":1": "", "[:1": "[",
 	} {
 		if got := hostOf(in); got != want {
 			t.Errorf("hostOf(%q) = %q, want %q", in, got, want)
@@ -523,6 +530,27 @@ func TestBootstrap_JoinsAnExistingGroupThroughItsLeader(t *testing.T) {
 	}
 }
 
+// Two members that each name the other as leader: a joiner follows at
+// most three hops, then gives up (no endless ping-pong).
+func TestJoin_FollowsAtMostThreeHops(t *testing.T) {
+	p := testPKI(t)
+	ra, rb := newFakeRaft(), newFakeRaft()
+	ra.set(func(f *fakeRaft) { f.hasState, f.leaderID = true, "c3" })
+	rb.set(func(f *fakeRaft) { f.hasState, f.leaderID = true, "c2" })
+	ma := startMember(t, p, "c2", ra)
+	mb := startMember(t, p, "c3", rb)
+	ra.putMember(state.Member{ID: "c3", LinkAddr: mb.addr})
+	rb.putMember(state.Member{ID: "c2", LinkAddr: ma.addr})
+	m1 := startMember(t, p, "c1", newFakeRaft())
+	done, err := m1.svc.join(ctxT(t, 10*time.Second), []*clusterpb.MemberInfo{{Id: "c2", LinkAddr: ma.addr}})
+	if done || err == nil {
+		t.Fatalf("join through a loop = %v, %v", done, err)
+	}
+	if got := ra.isLeaderCalls() + rb.isLeaderCalls(); got != 3 {
+		t.Fatalf("%d Join calls, want 3 hops", got)
+	}
+}
+
 func TestJoin_NoLeaderKnown(t *testing.T) {
 	p := testPKI(t)
 	r2 := newFakeRaft()
@@ -550,6 +578,9 @@ func TestKeepRecorded(t *testing.T) {
 		defer func() { cancel(); wg.Wait() }()
 		want := state.Member{ID: "c1", RaftAddr: "raft-c1:7000", APIAddr: "api-c1:8080", LinkAddr: m.addr}
 		waitFor(t, func() bool { got, ok := r.State().Member("c1"); return ok && got == want })
+		if got := r.Added(); len(got) != 0 {
+			t.Fatalf("the leader asked to be added to its own group: %q", got)
+		}
 		// Once current, it is not written again.
 		n := len(r.Applied())
 		time.Sleep(1200 * time.Millisecond) // more than one tick: nothing must happen

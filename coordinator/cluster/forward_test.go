@@ -33,6 +33,7 @@ type seen struct {
 type pair struct {
 	follower, leader *member
 	fw               *Forwarder
+	pki              pki
 	mu               sync.Mutex
 	got              []seen
 }
@@ -53,7 +54,7 @@ func newPair(t *testing.T, h http.HandlerFunc) *pair {
 	rf.set(func(f *fakeRaft) { f.hasState, f.leaderID = true, "c2" })
 	rf.putMember(state.Member{ID: "c2", LinkAddr: leader.addr})
 	follower := startMember(t, k, "c1", rf)
-	p := &pair{follower: follower, leader: leader, fw: NewForwarder(follower.svc)}
+	p := &pair{follower: follower, leader: leader, fw: NewForwarder(follower.svc), pki: k}
 	leader.svc.SetHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, err := io.ReadAll(r.Body)
 		p.mu.Lock()
@@ -193,9 +194,10 @@ func TestForward_NoLeader(t *testing.T) {
 	if rec.Body.Len() != 0 || len(rec.Header()) != 0 {
 		t.Fatalf("wrote %v %q", rec.Header(), rec.Body)
 	}
-	// A leader elected during the wait is used.
+	// A leader elected during the wait is used (the default wait is
+	// seconds).
 	r.putMember(state.Member{ID: "c9", LinkAddr: "link-c9:1"})
-	fw.Wait = 5 * time.Second
+	fw = NewForwarder(s)
 	go func() {
 		time.Sleep(100 * time.Millisecond)
 		r.set(func(f *fakeRaft) { f.leader, f.leaderID = true, "c1" })
@@ -364,6 +366,71 @@ func TestForward_NotServingYet(t *testing.T) {
 	}
 }
 
+// A body may come in the head frame itself (a member sends a small body
+// that way), alone or followed by more frames.
+func TestForward_BodyInTheHeadFrame(t *testing.T) {
+	p := newPair(t, func(w http.ResponseWriter, r *http.Request) {})
+	c := dial(t, p.pki, "c1", p.leader.addr)
+	for _, frames := range [][]*clusterpb.HTTPFrame{
+		{{Method: "PUT", Uri: "/x", Body: []byte("abc"), End: true}},
+		{{Method: "PUT", Uri: "/x", Body: []byte("ab")}, {Body: []byte("c")}, {End: true}},
+	} {
+		stream, err := c.Forward(ctxT(t, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range frames {
+			if err := stream.Send(f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stream.CloseSend()
+		if _, err := stream.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := p.requests()
+	if len(got) != 2 || string(got[0].body) != "abc" || string(got[1].body) != "abc" || got[0].bodyErr != nil || got[1].bodyErr != nil {
+		t.Fatalf("bodies %+v", got)
+	}
+}
+
+// A forwarded body is bounded: exactly the limit arrives whole, one byte
+// more arrives cut short.
+func TestForward_BodyLimit(t *testing.T) {
+	var mu sync.Mutex
+	var sizes []int
+	var errs []error
+	p := newPair(t, func(w http.ResponseWriter, r *http.Request) {})
+	p.leader.svc.SetHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		sizes, errs = append(sizes, int(n)), append(errs, err)
+		mu.Unlock()
+	}))
+	for _, n := range []int64{maxForwardBody, maxForwardBody + 1} {
+		req := httptest.NewRequest("POST", "/v1/operator/snapshot", io.LimitReader(zeros{}, n))
+		if _, err := p.fw.Forward(httptest.NewRecorder(), req, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sizes) != 2 || sizes[0] != maxForwardBody || errs[0] != nil {
+		t.Fatalf("a body of exactly the limit: %v bytes, %v", sizes, errs)
+	}
+	if errs[1] == nil {
+		t.Fatalf("a body past the limit arrived complete (%d bytes)", sizes[1])
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
 func TestStreamWriter_HeadOnce(t *testing.T) {
 	// WriteHeader after the head is ignored; an empty write sends nothing.
 	var sent []string
@@ -374,7 +441,9 @@ func TestStreamWriter_HeadOnce(t *testing.T) {
 	if n, err := w.Write(nil); n != 0 || err != nil {
 		t.Fatalf("empty write: %d, %v", n, err)
 	}
-	w.Write([]byte("ab"))
+	if n, err := w.Write([]byte("ab")); n != 2 || err != nil {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
 	w.SetWriteDeadline(time.Time{}) // after the head: no stream marker
 	if err := w.finish(); err != nil {
 		t.Fatal(err)
