@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -664,6 +666,22 @@ func TestConsole_Ends(t *testing.T) {
 			t.Fatal("n1's console ended when another node's token changed")
 		}
 	})
+	t.Run("an ended viewer does not unregister its successor", func(t *testing.T) {
+		b, srv := consoleServer(t)
+		res1 := openConsole(t, t.Context(), srv, "n1", unitTok)
+		c1 := waitConsole(t, b, 0)
+		res2 := openConsole(t, t.Context(), srv, "n1", unitTok)
+		defer res2.Body.Close()
+		waitClosed(t, c1, "second viewer")
+		// The first stream's handler has returned once its body ends.
+		if _, err := io.ReadAll(res1.Body); err != nil {
+			t.Fatalf("first stream: %v", err)
+		}
+		res1.Body.Close()
+		c2 := waitConsole(t, b, 1)
+		admin(srv, "DELETE", "/node/n1/token")(t)
+		waitClosed(t, c2, "token revoked after the first viewer ended")
+	})
 	t.Run("client leaves", func(t *testing.T) {
 		b, srv := consoleServer(t)
 		ctx, cancel := context.WithCancel(t.Context())
@@ -732,11 +750,50 @@ func TestSpecFromOBM(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			if !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("got %+v\nwant %+v", got, tc.want)
 			}
 		})
 	}
+}
+
+// Failures the backend causes (500) are logged, without the request's
+// token; answers that are the client's doing are not.
+func TestHandler_LogsOnlyServerFailures(t *testing.T) {
+	var buf strings.Builder
+	var mu sync.Mutex
+	b := newRecBackend()
+	h := NewHandler(b, Options{AdminToken: mustToken(unitAdmin), Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))})
+	serve(t, h, "POST", "/node/zz/power_on?token="+unitTok, noAuth, "")                  // 404
+	serve(t, h, "POST", "/node/n1/power_on?token="+otherTok, noAuth, "")                 // 401
+	serve(t, h, "PUT", "/node/n1/boot_device?token="+unitTok, noAuth, `{"bootdev":"x"}`) // 400
+	mu.Lock()
+	quiet := buf.String()
+	mu.Unlock()
+	if quiet != "" {
+		t.Fatalf("client errors were logged: %s", quiet)
+	}
+	b.errs["Power"] = errBackend
+	serve(t, h, "POST", "/node/n1/power_on?token="+unitTok, noAuth, "") // 500
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(buf.String(), "backend broke") || !strings.Contains(buf.String(), "/node/n1/power_on") {
+		t.Fatalf("a backend failure was not logged: %q", buf.String())
+	}
+	if strings.Contains(buf.String(), unitTok) {
+		t.Fatalf("the log holds the node token: %q", buf.String())
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func TestToken(t *testing.T) {
