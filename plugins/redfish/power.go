@@ -512,7 +512,12 @@ func (b *bmc) runStep(ctx context.Context, what string, ra resetAction, s step, 
 	}
 }
 
+// setPending remembers an action whose result was not seen, except a
+// GracefulShutdown: the OS may ignore it, and the BMC is not busy then.
 func (b *bmc) setPending(p pendingPower) {
+	if p.step.reset == rtGracefulShutdown {
+		return
+	}
 	b.d.mu.Lock()
 	b.d.pending[b.pendingKey()] = p
 	b.d.mu.Unlock()

@@ -900,11 +900,22 @@ func (b *bmc) system(client *gofish.APIClient) (map[string]json.RawMessage, erro
 }
 
 func (b *bmc) findSystem(client *gofish.APIClient) (string, error) {
+	opt := b.sysOpt
+	if strings.HasPrefix(opt, "/redfish/v1/Systems/") {
+		// An @odata.id: read it, no need for the collection.
+		_, err := getObject(client, opt)
+		if status(err) == http.StatusNotFound {
+			return "", sdk.Errorf(sdk.ClassInvalid, "redfish: no system %s on %s", opt, b.c.t.endpoint)
+		}
+		if err != nil {
+			return "", err
+		}
+		return strings.TrimSuffix(opt, "/"), nil
+	}
 	links, err := memberLinks(client, "/redfish/v1/Systems") // a URI the Redfish specification fixes
 	if err != nil {
 		return "", err
 	}
-	opt := b.sysOpt
 	for _, l := range links {
 		if opt != "" && (l == opt || strings.TrimSuffix(l, "/") == strings.TrimSuffix(opt, "/") || pathBase(l) == opt) {
 			return l, nil
