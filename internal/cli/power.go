@@ -75,6 +75,13 @@ func printReceipt(env Env, output string, r api.Receipt) {
 	}
 	fmt.Fprintf(env.Stdout, "%s %s: %s (agent %s; %s; receipt %s)\n", termText(r.Node), termText(r.Action), termText(r.Outcome),
 		termText(r.Agent), termText(strings.Join(hops, ", ")), termText(r.ID))
+	if r.Detail != "" || len(r.Observed) > 0 { // what the driver did and saw
+		var seen []string
+		for _, o := range r.Observed {
+			seen = append(seen, o.State+" "+o.At.Local().Format("15:04:05.000"))
+		}
+		fmt.Fprintf(env.Stdout, "  %s; observed %s\n", termText(r.Detail), termText(strings.Join(seen, ", ")))
+	}
 }
 
 func agentListCommand() *Command {

@@ -9,8 +9,10 @@
 //     worked is remembered per BMC, and a refused login is remembered for
 //     3 s so operations in that window fail at once without a request.
 //   - Every request to one BMC draws on a per-BMC budget (a token bucket,
-//     request_rate per second, 20 by default), and waiting is polled with backoff (250 ms
-//     growing to 2 s), so no BMC is flooded.
+//     request_rate per second, 20 by default), and waiting is polled with
+//     backoff (250 ms growing to 2 s), so no BMC is flooded. A login runs
+//     to its end under its own deadline, so a session the BMC made for an
+//     operation that gave up is reused or logged out, never leaked.
 //   - Power actions are verified (power.go): the driver polls until the
 //     target state is seen; a cycle or reset must show its transition. An
 //     action the BMC accepted whose effect was not seen before the deadline
@@ -414,6 +416,9 @@ type conn struct {
 // do runs fn with a logged-in client, holding the BMC's slot. A 401 on a
 // reused session logs in again once.
 func (c *conn) do(ctx context.Context, what string, fn func(*gofish.APIClient) error) error {
+	if err := ctx.Err(); err != nil {
+		return sdk.Errorf(sdk.ClassTimeout, "redfish: %s: %v", what, err)
+	}
 	select {
 	case c.sem <- struct{}{}:
 	case <-ctx.Done():
