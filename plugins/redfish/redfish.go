@@ -313,12 +313,16 @@ type budget struct {
 	last   time.Time
 }
 
+// setRate sets the rate (the node opened last on the BMC sets it). A new
+// budget starts full; a changed one keeps what is left of its tokens.
 func (b *budget) setRate(r float64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.last.IsZero() || r != b.rate {
+	if b.last.IsZero() {
 		b.rate, b.tokens, b.last = r, max(r, 1), time.Now()
+		return
 	}
+	b.rate, b.tokens = r, min(b.tokens, max(r, 1))
 }
 
 // wait takes one request from the budget, waiting (bounded by ctx) when it
