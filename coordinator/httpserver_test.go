@@ -181,7 +181,12 @@ func TestPublicRequests_WriteDeadlineAndStreamingExemption(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		werr := <-results
+		var werr error
+		select {
+		case werr = <-results:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the handler never finished its writes")
+		}
 		switch stream {
 		case "0":
 			if werr == nil || strings.Contains(string(b), "second") {
@@ -210,7 +215,12 @@ func TestPublicRequests_InternalHeadersAreRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	h := <-seen
+	var h http.Header
+	select {
+	case h = <-seen:
+	default:
+		t.Fatalf("the handler never ran (answer %d)", resp.StatusCode) // it ran before the answer, if at all
+	}
 	for _, k := range cluster.InternalHeaders {
 		if v := h.Values(k); len(v) != 0 {
 			t.Errorf("the handler saw the client's %s: %q", k, v)

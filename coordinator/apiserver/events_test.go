@@ -216,10 +216,20 @@ func TestEvents_StreamDeliversAndEnds(t *testing.T) {
 	ev.publish(api.Event{ID: "e0", Node: "other"}) // filtered by node
 	ev.publish(api.Event{ID: "e1\nevent: forged", Node: "n1", MessageID: "ResourceEvent.1.0.ResourceChanged"})
 	ev.publish(api.Event{ID: "e2", Node: "n1"})
-	if err := <-done; !errors.Is(err, stop) {
-		t.Fatalf("watch ended with %v", err)
+	select {
+	case err := <-done:
+		if !errors.Is(err, stop) {
+			t.Fatalf("watch ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch did not end")
 	}
-	first := <-got
+	var first api.Event
+	select {
+	case first = <-got:
+	default:
+		t.Fatal("no event was delivered before the watch ended")
+	}
 	if first.ID != "e1\nevent: forged" || first.MessageID != "ResourceEvent.1.0.ResourceChanged" {
 		t.Fatalf("first event: %+v", first)
 	}

@@ -144,11 +144,12 @@ func TestGroup_FormServeFailover(t *testing.T) {
 			r, err := c.Power(ctx, "slow", api.ActionOn)
 			done <- result{r, err}
 		}()
-		// Idle agents are picked lowest id first: a1 has it.
-		time.Sleep(500 * time.Millisecond) // let the operation reach a1 (it runs 5s)
+		// Idle agents are picked lowest id first: a1 has it. Kill it once
+		// the leader has sent it the operation (it runs 5s there).
+		waitLogged(t, l.Proc, "operation sent to agent", "node=slow", "agent=a1")
 		a1 := g.Agents[0]
 		a1.Cmd.Process.Kill()
-		res := <-done
+		res := within(t, done, 60*time.Second, "the operation whose agent was killed")
 		var ae *api.Error
 		if res.err == nil || !asAPIError(res.err, &ae) || ae.Receipt == nil || ae.Receipt.ID == "" ||
 			(ae.Receipt.Outcome != api.OutcomeUnknown && ae.Receipt.Outcome != api.OutcomeFailed) {
@@ -285,9 +286,11 @@ func TestGroup_OperatorCommands(t *testing.T) {
 			_, err := g.Client(fl).Power(ctx, "slow", api.ActionOn)
 			done <- err
 		}()
-		time.Sleep(time.Second) // the operation runs 3 s on the agent
+		// Kill the leader once it has sent the operation to the agent (it
+		// runs 3s there).
+		waitLogged(t, l.Proc, "operation sent to agent", "node=slow")
 		g.Kill(l)
-		err := <-done
+		err := within(t, done, 60*time.Second, "the operation whose leader was killed")
 		var ae *api.Error
 		if !asAPIError(err, &ae) || ae.Code != api.CodeOutcomeUnknown || ae.Receipt == nil || ae.Receipt.ID == "" {
 			t.Fatalf("operation whose leader died = %v, want outcome_unknown with a receipt id", err)
@@ -470,7 +473,9 @@ func runFailover(t *testing.T, g *Group, leader *Member) failover {
 			}
 		}
 	})
-	time.Sleep(2 * time.Second)
+	// Let the workload build a history before the kill.
+	recorded := func() int { mu.Lock(); defer mu.Unlock(); return len(history) }
+	WaitFor(t, 30*time.Second, "a history before the kill", func() bool { return recorded() >= 30 })
 	mu.Lock()
 	killAt = time.Now()
 	mu.Unlock()
@@ -481,7 +486,9 @@ func runFailover(t *testing.T, g *Group, leader *Member) failover {
 		defer mu.Unlock()
 		return firstWrite > 0 && firstPower > 0
 	})
-	time.Sleep(time.Second)
+	// And some more history after the recovery.
+	after := recorded()
+	WaitFor(t, 30*time.Second, "a history after the recovery", func() bool { return recorded() >= after+20 })
 	cancel()
 	wg.Wait()
 	if res := porcupine.CheckOperationsTimeout(nodeModel, history, 30*time.Second); res != porcupine.Ok {
@@ -504,4 +511,35 @@ func runFailover(t *testing.T, g *Group, leader *Member) failover {
 		}
 	}
 	return failover{firstWrite: firstWrite, firstPower: firstPower, acked: len(acked), lost: lost}
+}
+
+// waitLogged waits until one line of p's log holds every part.
+func waitLogged(t *testing.T, p *Proc, parts ...string) {
+	t.Helper()
+	WaitFor(t, 20*time.Second, fmt.Sprintf("a log line with %q", parts), func() bool {
+		for _, line := range strings.Split(p.Log(t), "\n") {
+			all := true
+			for _, part := range parts {
+				all = all && strings.Contains(line, part)
+			}
+			if all {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// within receives from ch, failing the test after d (a lost message must
+// not hang the suite until its global timeout).
+func within[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("%s: nothing within %v", what, d)
+	}
+	var zero T
+	return zero
 }
