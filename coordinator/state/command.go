@@ -75,9 +75,19 @@ type RestoreState struct {
 
 // RecordOperation keeps an operation's receipt (opaque JSON) in the
 // bounded audit trail, so it can be looked up after a leader change.
+//
+// A receipt whose outcome is "unknown" never replaces one with an outcome
+// (a late result recorded first is not undone by the sender's own
+// "unknown"). Key, if set, is the operation's scoped idempotency key: it
+// is taken atomically, and a RecordOperation naming a key another
+// operation holds fails with ErrExists unless that key's stamp is older
+// than KeyTTL at StampUnixNano. The key lives as long as its receipt stays
+// in the trail.
 type RecordOperation struct {
-	ID      string          `json:"id"`
-	Receipt json.RawMessage `json:"receipt"`
+	ID            string          `json:"id"`
+	Receipt       json.RawMessage `json:"receipt"`
+	Key           string          `json:"key,omitempty"`
+	StampUnixNano int64           `json:"stamp_unix_nano,omitempty"`
 }
 
 func (RecordOperation) commandType() string { return "audit.record" }
@@ -284,7 +294,21 @@ func (s *State) applyCore(index uint64, c Command) (res Result, fatal error) {
 		if err := validateAudit(c.ID, c.Receipt); err != nil {
 			return Result{Err: err}, nil
 		}
+		if len(c.Key) > MaxNameBytes {
+			return Result{Err: invalid("operation %s: the idempotency key is longer than %d bytes", q(c.ID), MaxNameBytes)}, nil
+		}
+		if prev, ok := s.audit[c.ID]; ok && receiptOutcome(prev) != "unknown" && receiptOutcome(c.Receipt) == "unknown" {
+			return Result{}, nil // never undo a recorded outcome
+		}
+		if c.Key != "" {
+			if k, ok := s.keys[c.Key]; ok && k.id != c.ID && c.StampUnixNano-k.stamp < int64(KeyTTL) {
+				return Result{Err: fmt.Errorf("idempotency key held by operation %s: %w", k.id, ErrExists)}, nil
+			}
+		}
 		s.recordAudit(c.ID, slices.Clone(c.Receipt))
+		if c.Key != "" {
+			s.setAuditKey(c.ID, c.Key, c.StampUnixNano)
+		}
 		return Result{}, nil
 	case PutMember:
 		if err := ValidateMember(c.Member); err != nil {

@@ -25,6 +25,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"time"
 )
 
 // Version is the envelope version this code writes and reads.
@@ -144,12 +145,58 @@ type State struct {
 	// the order they were recorded.
 	audit      map[string]json.RawMessage
 	auditOrder []string
+	// keys are the idempotency keys of recorded operations (key → its
+	// operation), and auditKeys the reverse (operation → key).
+	keys      map[string]auditKey
+	auditKeys map[string]string
 	// ev holds event subscriptions (events.go).
 	ev events
 }
 
 // AuditLimit is how many operation receipts the state keeps.
 const AuditLimit = 2048
+
+// KeyTTL is how long an operation's idempotency key is held (at most: it
+// also goes when its receipt leaves the trail).
+const KeyTTL = 24 * time.Hour
+
+// auditKey is the operation holding an idempotency key, and when it took it.
+type auditKey struct {
+	id    string
+	stamp int64
+}
+
+// AuditKey returns the operation holding an idempotency key, if its
+// receipt is still recorded, and when the key was taken.
+func (s *State) AuditKey(key string) (id string, stampUnixNano int64, ok bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	k, ok := s.keys[key]
+	return k.id, k.stamp, ok
+}
+
+// AuditUnknown lists the recorded operations whose outcome is "unknown",
+// oldest first.
+func (s *State) AuditUnknown() []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []string
+	for _, id := range s.auditOrder {
+		if receiptOutcome(s.audit[id]) == "unknown" {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// receiptOutcome is a recorded receipt's "outcome" field ("" if none).
+func receiptOutcome(r json.RawMessage) string {
+	var v struct {
+		Outcome string `json:"outcome"`
+	}
+	json.Unmarshal(r, &v)
+	return v.Outcome
+}
 
 // Audit returns a recorded operation receipt by id.
 func (s *State) Audit(id string) (json.RawMessage, bool) {
@@ -162,7 +209,7 @@ func (s *State) Audit(id string) (json.RawMessage, bool) {
 // New returns an empty state.
 func New() *State {
 	return &State{nodes: map[string]*Node{}, sites: map[string]*Site{}, agents: map[string]*Agent{}, members: map[string]*Member{},
-		audit: map[string]json.RawMessage{}, ev: newEvents()}
+		audit: map[string]json.RawMessage{}, keys: map[string]auditKey{}, auditKeys: map[string]string{}, ev: newEvents()}
 }
 
 // Member returns a member's record.
@@ -271,9 +318,29 @@ func (s *State) recordAudit(id string, r json.RawMessage) {
 	}
 	s.audit[id] = r
 	for len(s.auditOrder) > AuditLimit {
-		delete(s.audit, s.auditOrder[0])
+		old := s.auditOrder[0]
+		delete(s.audit, old)
+		if k, ok := s.auditKeys[old]; ok {
+			delete(s.auditKeys, old)
+			if s.keys[k].id == old {
+				delete(s.keys, k)
+			}
+		}
 		s.auditOrder = s.auditOrder[1:]
 	}
+}
+
+// setAuditKey gives a recorded operation its idempotency key (replacing an
+// expired holder's). Callers hold the write lock.
+func (s *State) setAuditKey(id, key string, stamp int64) {
+	if prev, ok := s.keys[key]; ok && prev.id != id {
+		delete(s.auditKeys, prev.id)
+	}
+	if _, ok := s.auditKeys[id]; ok && s.keys[key].id == id {
+		return // re-recorded: the key keeps its first stamp
+	}
+	s.keys[key] = auditKey{id: id, stamp: stamp}
+	s.auditKeys[id] = key
 }
 
 // snapshot is the snapshot document.
@@ -289,8 +356,10 @@ type snapshot struct {
 }
 
 type auditEntry struct {
-	ID      string          `json:"id"`
-	Receipt json.RawMessage `json:"receipt"`
+	ID       string          `json:"id"`
+	Receipt  json.RawMessage `json:"receipt"`
+	Key      string          `json:"key,omitempty"`
+	KeyStamp int64           `json:"key_stamp,omitempty"`
 }
 
 // Snapshot writes the whole state to w. The output is deterministic: equal
@@ -312,7 +381,11 @@ func (s *State) Snapshot(w io.Writer) error {
 	}
 	sort.Slice(snap.Members, func(i, j int) bool { return snap.Members[i].ID < snap.Members[j].ID })
 	for _, id := range s.auditOrder {
-		snap.Audit = append(snap.Audit, auditEntry{ID: id, Receipt: s.audit[id]})
+		e := auditEntry{ID: id, Receipt: s.audit[id]}
+		if k, ok := s.auditKeys[id]; ok {
+			e.Key, e.KeyStamp = k, s.keys[k].stamp
+		}
+		snap.Audit = append(snap.Audit, e)
 	}
 	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].Name < snap.Nodes[j].Name })
 	sort.Slice(snap.Sites, func(i, j int) bool { return snap.Sites[i].Name < snap.Sites[j].Name })
@@ -335,7 +408,7 @@ func (s *State) Restore(r io.Reader) error {
 	}
 	s.mu.Lock()
 	s.index, s.nodes, s.sites, s.agents, s.members = ns.index, ns.nodes, ns.sites, ns.agents, ns.members
-	s.audit, s.auditOrder = ns.audit, ns.auditOrder
+	s.audit, s.auditOrder, s.keys, s.auditKeys = ns.audit, ns.auditOrder, ns.keys, ns.auditKeys
 	s.ev = ns.ev
 	s.mu.Unlock()
 	return nil
@@ -436,7 +509,13 @@ func decodeSnapshot(r io.Reader) (*State, error) {
 		if _, ok := ns.audit[e.ID]; ok {
 			return nil, bad("audit", i, e.ID, dup("operation", e.ID))
 		}
+		if len(e.Key) > MaxNameBytes {
+			return nil, bad("audit", i, e.ID, invalid("the idempotency key is longer than %d bytes", MaxNameBytes))
+		}
 		ns.recordAudit(e.ID, e.Receipt)
+		if e.Key != "" {
+			ns.setAuditKey(e.ID, e.Key, e.KeyStamp)
+		}
 	}
 	for _, n := range ns.nodes {
 		ns.ensureSite(0, n.Site)
