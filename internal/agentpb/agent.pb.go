@@ -115,6 +115,7 @@ type AgentMessage struct {
 	//	*AgentMessage_Heartbeat
 	//	*AgentMessage_RelayReport
 	//	*AgentMessage_RelayEvent
+	//	*AgentMessage_FateReport
 	Msg           isAgentMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -202,6 +203,15 @@ func (x *AgentMessage) GetRelayEvent() *RelayEvent {
 	return nil
 }
 
+func (x *AgentMessage) GetFateReport() *FateReport {
+	if x != nil {
+		if x, ok := x.Msg.(*AgentMessage_FateReport); ok {
+			return x.FateReport
+		}
+	}
+	return nil
+}
+
 type isAgentMessage_Msg interface {
 	isAgentMessage_Msg()
 }
@@ -226,6 +236,10 @@ type AgentMessage_RelayEvent struct {
 	RelayEvent *RelayEvent `protobuf:"bytes,5,opt,name=relay_event,json=relayEvent,proto3,oneof"`
 }
 
+type AgentMessage_FateReport struct {
+	FateReport *FateReport `protobuf:"bytes,6,opt,name=fate_report,json=fateReport,proto3,oneof"`
+}
+
 func (*AgentMessage_Hello) isAgentMessage_Msg() {}
 
 func (*AgentMessage_Result) isAgentMessage_Msg() {}
@@ -236,6 +250,8 @@ func (*AgentMessage_RelayReport) isAgentMessage_Msg() {}
 
 func (*AgentMessage_RelayEvent) isAgentMessage_Msg() {}
 
+func (*AgentMessage_FateReport) isAgentMessage_Msg() {}
+
 type CoordinatorMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -245,6 +261,8 @@ type CoordinatorMessage struct {
 	//	*CoordinatorMessage_Cancel
 	//	*CoordinatorMessage_Redirect
 	//	*CoordinatorMessage_RelayConfig
+	//	*CoordinatorMessage_ResultAck
+	//	*CoordinatorMessage_FateQuery
 	Msg           isCoordinatorMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -332,6 +350,24 @@ func (x *CoordinatorMessage) GetRelayConfig() *RelayConfig {
 	return nil
 }
 
+func (x *CoordinatorMessage) GetResultAck() *ResultAck {
+	if x != nil {
+		if x, ok := x.Msg.(*CoordinatorMessage_ResultAck); ok {
+			return x.ResultAck
+		}
+	}
+	return nil
+}
+
+func (x *CoordinatorMessage) GetFateQuery() *FateQuery {
+	if x != nil {
+		if x, ok := x.Msg.(*CoordinatorMessage_FateQuery); ok {
+			return x.FateQuery
+		}
+	}
+	return nil
+}
+
 type isCoordinatorMessage_Msg interface {
 	isCoordinatorMessage_Msg()
 }
@@ -356,6 +392,14 @@ type CoordinatorMessage_RelayConfig struct {
 	RelayConfig *RelayConfig `protobuf:"bytes,5,opt,name=relay_config,json=relayConfig,proto3,oneof"`
 }
 
+type CoordinatorMessage_ResultAck struct {
+	ResultAck *ResultAck `protobuf:"bytes,6,opt,name=result_ack,json=resultAck,proto3,oneof"`
+}
+
+type CoordinatorMessage_FateQuery struct {
+	FateQuery *FateQuery `protobuf:"bytes,7,opt,name=fate_query,json=fateQuery,proto3,oneof"`
+}
+
 func (*CoordinatorMessage_Welcome) isCoordinatorMessage_Msg() {}
 
 func (*CoordinatorMessage_Operation) isCoordinatorMessage_Msg() {}
@@ -365,6 +409,10 @@ func (*CoordinatorMessage_Cancel) isCoordinatorMessage_Msg() {}
 func (*CoordinatorMessage_Redirect) isCoordinatorMessage_Msg() {}
 
 func (*CoordinatorMessage_RelayConfig) isCoordinatorMessage_Msg() {}
+
+func (*CoordinatorMessage_ResultAck) isCoordinatorMessage_Msg() {}
+
+func (*CoordinatorMessage_FateQuery) isCoordinatorMessage_Msg() {}
 
 // Hello announces the agent.
 type Hello struct {
@@ -789,9 +837,14 @@ type Operation struct {
 	// "event_set_context", "event_resume", "event_test".
 	Event *EventRequest `protobuf:"bytes,9,opt,name=event,proto3" json:"event,omitempty"`
 	// relay is set for "relay_dead_letters" and "relay_replay" (no node).
-	Relay         *RelayRequest `protobuf:"bytes,10,opt,name=relay,proto3" json:"relay,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Relay *RelayRequest `protobuf:"bytes,10,opt,name=relay,proto3" json:"relay,omitempty"`
+	// start_by_unix_nano is the start-by deadline: the agent never begins
+	// the operation's BMC action after it (a link that stalled, a stopped
+	// agent, a long per-BMC queue); it answers "rejected" instead. Zero: the
+	// completion deadline.
+	StartByUnixNano int64 `protobuf:"varint,11,opt,name=start_by_unix_nano,json=startByUnixNano,proto3" json:"start_by_unix_nano,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Operation) Reset() {
@@ -894,6 +947,13 @@ func (x *Operation) GetRelay() *RelayRequest {
 	return nil
 }
 
+func (x *Operation) GetStartByUnixNano() int64 {
+	if x != nil {
+		return x.StartByUnixNano
+	}
+	return 0
+}
+
 type Cancel struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -938,6 +998,201 @@ func (x *Cancel) GetId() string {
 	return ""
 }
 
+// ResultAck tells the agent that the coordinator recorded these results:
+// it drops them from its outbox. Until then it re-sends them on every new
+// link.
+type ResultAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ids           []string               `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResultAck) Reset() {
+	*x = ResultAck{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResultAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResultAck) ProtoMessage() {}
+
+func (x *ResultAck) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResultAck.ProtoReflect.Descriptor instead.
+func (*ResultAck) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ResultAck) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+// FateQuery asks the agent what became of operations whose results the
+// leader does not have (their receipts say "unknown").
+type FateQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ids           []string               `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FateQuery) Reset() {
+	*x = FateQuery{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FateQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FateQuery) ProtoMessage() {}
+
+func (x *FateQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FateQuery.ProtoReflect.Descriptor instead.
+func (*FateQuery) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *FateQuery) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+// FateReport answers a FateQuery, one Fate per id. A result the agent
+// still keeps is re-sent as an OperationResult before the report.
+type FateReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fates         []*Fate                `protobuf:"bytes,1,rep,name=fates,proto3" json:"fates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FateReport) Reset() {
+	*x = FateReport{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FateReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FateReport) ProtoMessage() {}
+
+func (x *FateReport) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FateReport.ProtoReflect.Descriptor instead.
+func (*FateReport) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *FateReport) GetFates() []*Fate {
+	if x != nil {
+		return x.Fates
+	}
+	return nil
+}
+
+type Fate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// state: "running" (its result will follow), "kept" (its result was
+	// re-sent), "never_run" (the agent never began it and now refuses it
+	// for good), "forgotten" (it ran and its result was acknowledged, or it
+	// is older than what the agent remembers).
+	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Fate) Reset() {
+	*x = Fate{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Fate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Fate) ProtoMessage() {}
+
+func (x *Fate) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Fate.ProtoReflect.Descriptor instead.
+func (*Fate) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Fate) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Fate) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
 type OperationResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -965,7 +1220,7 @@ type OperationResult struct {
 
 func (x *OperationResult) Reset() {
 	*x = OperationResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1232,7 @@ func (x *OperationResult) String() string {
 func (*OperationResult) ProtoMessage() {}
 
 func (x *OperationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1245,7 @@ func (x *OperationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationResult.ProtoReflect.Descriptor instead.
 func (*OperationResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *OperationResult) GetId() string {
@@ -1095,7 +1350,7 @@ type PowerObservation struct {
 
 func (x *PowerObservation) Reset() {
 	*x = PowerObservation{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1107,7 +1362,7 @@ func (x *PowerObservation) String() string {
 func (*PowerObservation) ProtoMessage() {}
 
 func (x *PowerObservation) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1120,7 +1375,7 @@ func (x *PowerObservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerObservation.ProtoReflect.Descriptor instead.
 func (*PowerObservation) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PowerObservation) GetState() string {
@@ -1152,7 +1407,7 @@ type EventRequest struct {
 
 func (x *EventRequest) Reset() {
 	*x = EventRequest{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1419,7 @@ func (x *EventRequest) String() string {
 func (*EventRequest) ProtoMessage() {}
 
 func (x *EventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1432,7 @@ func (x *EventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventRequest.ProtoReflect.Descriptor instead.
 func (*EventRequest) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *EventRequest) GetUri() string {
@@ -1224,7 +1479,7 @@ type EventSpec struct {
 
 func (x *EventSpec) Reset() {
 	*x = EventSpec{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1236,7 +1491,7 @@ func (x *EventSpec) String() string {
 func (*EventSpec) ProtoMessage() {}
 
 func (x *EventSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1249,7 +1504,7 @@ func (x *EventSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventSpec.ProtoReflect.Descriptor instead.
 func (*EventSpec) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EventSpec) GetDestination() string {
@@ -1320,7 +1575,7 @@ type TestEvent struct {
 
 func (x *TestEvent) Reset() {
 	*x = TestEvent{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1332,7 +1587,7 @@ func (x *TestEvent) String() string {
 func (*TestEvent) ProtoMessage() {}
 
 func (x *TestEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1345,7 +1600,7 @@ func (x *TestEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TestEvent.ProtoReflect.Descriptor instead.
 func (*TestEvent) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TestEvent) GetEventType() string {
@@ -1394,7 +1649,7 @@ type EventCapabilities struct {
 
 func (x *EventCapabilities) Reset() {
 	*x = EventCapabilities{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1661,7 @@ func (x *EventCapabilities) String() string {
 func (*EventCapabilities) ProtoMessage() {}
 
 func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1674,7 @@ func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventCapabilities.ProtoReflect.Descriptor instead.
 func (*EventCapabilities) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EventCapabilities) GetServiceEnabled() bool {
@@ -1508,7 +1763,7 @@ type BMCSubscription struct {
 
 func (x *BMCSubscription) Reset() {
 	*x = BMCSubscription{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1775,7 @@ func (x *BMCSubscription) String() string {
 func (*BMCSubscription) ProtoMessage() {}
 
 func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1788,7 @@ func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BMCSubscription.ProtoReflect.Descriptor instead.
 func (*BMCSubscription) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BMCSubscription) GetUri() string {
@@ -1608,7 +1863,7 @@ type EventResult struct {
 
 func (x *EventResult) Reset() {
 	*x = EventResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1620,7 +1875,7 @@ func (x *EventResult) String() string {
 func (*EventResult) ProtoMessage() {}
 
 func (x *EventResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +1888,7 @@ func (x *EventResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventResult.ProtoReflect.Descriptor instead.
 func (*EventResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EventResult) GetCapabilities() *EventCapabilities {
@@ -1688,7 +1943,7 @@ type RelayRequest struct {
 
 func (x *RelayRequest) Reset() {
 	*x = RelayRequest{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1700,7 +1955,7 @@ func (x *RelayRequest) String() string {
 func (*RelayRequest) ProtoMessage() {}
 
 func (x *RelayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1713,7 +1968,7 @@ func (x *RelayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayRequest.ProtoReflect.Descriptor instead.
 func (*RelayRequest) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RelayRequest) GetSubscriptionId() string {
@@ -1747,7 +2002,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1759,7 +2014,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1772,7 +2027,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -1848,7 +2103,7 @@ type RelayResult struct {
 
 func (x *RelayResult) Reset() {
 	*x = RelayResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +2115,7 @@ func (x *RelayResult) String() string {
 func (*RelayResult) ProtoMessage() {}
 
 func (x *RelayResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +2128,7 @@ func (x *RelayResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayResult.ProtoReflect.Descriptor instead.
 func (*RelayResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RelayResult) GetDeadLetters() []*DeadLetter {
@@ -1904,7 +2159,7 @@ type RelayConfig struct {
 
 func (x *RelayConfig) Reset() {
 	*x = RelayConfig{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +2171,7 @@ func (x *RelayConfig) String() string {
 func (*RelayConfig) ProtoMessage() {}
 
 func (x *RelayConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2184,7 @@ func (x *RelayConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayConfig.ProtoReflect.Descriptor instead.
 func (*RelayConfig) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RelayConfig) GetVersion() uint64 {
@@ -1957,7 +2212,7 @@ type RelayNode struct {
 
 func (x *RelayNode) Reset() {
 	*x = RelayNode{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1969,7 +2224,7 @@ func (x *RelayNode) String() string {
 func (*RelayNode) ProtoMessage() {}
 
 func (x *RelayNode) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1982,7 +2237,7 @@ func (x *RelayNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNode.ProtoReflect.Descriptor instead.
 func (*RelayNode) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RelayNode) GetName() string {
@@ -2027,7 +2282,7 @@ type RelaySubscriber struct {
 
 func (x *RelaySubscriber) Reset() {
 	*x = RelaySubscriber{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2039,7 +2294,7 @@ func (x *RelaySubscriber) String() string {
 func (*RelaySubscriber) ProtoMessage() {}
 
 func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2052,7 +2307,7 @@ func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelaySubscriber.ProtoReflect.Descriptor instead.
 func (*RelaySubscriber) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RelaySubscriber) GetId() string {
@@ -2160,7 +2415,7 @@ type RelayReport struct {
 
 func (x *RelayReport) Reset() {
 	*x = RelayReport{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2427,7 @@ func (x *RelayReport) String() string {
 func (*RelayReport) ProtoMessage() {}
 
 func (x *RelayReport) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2440,7 @@ func (x *RelayReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayReport.ProtoReflect.Descriptor instead.
 func (*RelayReport) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RelayReport) GetSubscribers() []*RelaySubscriberStats {
@@ -2225,7 +2480,7 @@ type RelaySubscriberStats struct {
 
 func (x *RelaySubscriberStats) Reset() {
 	*x = RelaySubscriberStats{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2237,7 +2492,7 @@ func (x *RelaySubscriberStats) String() string {
 func (*RelaySubscriberStats) ProtoMessage() {}
 
 func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2250,7 +2505,7 @@ func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelaySubscriberStats.ProtoReflect.Descriptor instead.
 func (*RelaySubscriberStats) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RelaySubscriberStats) GetId() string {
@@ -2324,7 +2579,7 @@ type RelayNodeStats struct {
 
 func (x *RelayNodeStats) Reset() {
 	*x = RelayNodeStats{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2336,7 +2591,7 @@ func (x *RelayNodeStats) String() string {
 func (*RelayNodeStats) ProtoMessage() {}
 
 func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2349,7 +2604,7 @@ func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNodeStats.ProtoReflect.Descriptor instead.
 func (*RelayNodeStats) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RelayNodeStats) GetNode() string {
@@ -2413,7 +2668,7 @@ type RelayNotice struct {
 
 func (x *RelayNotice) Reset() {
 	*x = RelayNotice{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2425,7 +2680,7 @@ func (x *RelayNotice) String() string {
 func (*RelayNotice) ProtoMessage() {}
 
 func (x *RelayNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2438,7 +2693,7 @@ func (x *RelayNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNotice.ProtoReflect.Descriptor instead.
 func (*RelayNotice) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RelayNotice) GetNode() string {
@@ -2484,7 +2739,7 @@ type RelayEvent struct {
 
 func (x *RelayEvent) Reset() {
 	*x = RelayEvent{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2496,7 +2751,7 @@ func (x *RelayEvent) String() string {
 func (*RelayEvent) ProtoMessage() {}
 
 func (x *RelayEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2509,7 +2764,7 @@ func (x *RelayEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayEvent.ProtoReflect.Descriptor instead.
 func (*RelayEvent) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RelayEvent) GetId() string {
@@ -2613,21 +2868,27 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
 	"\x04read\x18\x03 \x01(\bR\x04read\x12\x10\n" +
 	"\x03eof\x18\x04 \x01(\bR\x03eof\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\xc0\x02\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\x80\x03\n" +
 	"\fAgentMessage\x12.\n" +
 	"\x05hello\x18\x01 \x01(\v2\x16.obmesh.agent.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\x06result\x18\x02 \x01(\v2 .obmesh.agent.v1.OperationResultH\x00R\x06result\x12:\n" +
 	"\theartbeat\x18\x03 \x01(\v2\x1a.obmesh.agent.v1.HeartbeatH\x00R\theartbeat\x12A\n" +
 	"\frelay_report\x18\x04 \x01(\v2\x1c.obmesh.agent.v1.RelayReportH\x00R\vrelayReport\x12>\n" +
 	"\vrelay_event\x18\x05 \x01(\v2\x1b.obmesh.agent.v1.RelayEventH\x00R\n" +
-	"relayEventB\x05\n" +
-	"\x03msg\"\xbc\x02\n" +
+	"relayEvent\x12>\n" +
+	"\vfate_report\x18\x06 \x01(\v2\x1b.obmesh.agent.v1.FateReportH\x00R\n" +
+	"fateReportB\x05\n" +
+	"\x03msg\"\xb6\x03\n" +
 	"\x12CoordinatorMessage\x124\n" +
 	"\awelcome\x18\x01 \x01(\v2\x18.obmesh.agent.v1.WelcomeH\x00R\awelcome\x12:\n" +
 	"\toperation\x18\x02 \x01(\v2\x1a.obmesh.agent.v1.OperationH\x00R\toperation\x121\n" +
 	"\x06cancel\x18\x03 \x01(\v2\x17.obmesh.agent.v1.CancelH\x00R\x06cancel\x127\n" +
 	"\bredirect\x18\x04 \x01(\v2\x19.obmesh.agent.v1.RedirectH\x00R\bredirect\x12A\n" +
-	"\frelay_config\x18\x05 \x01(\v2\x1c.obmesh.agent.v1.RelayConfigH\x00R\vrelayConfigB\x05\n" +
+	"\frelay_config\x18\x05 \x01(\v2\x1c.obmesh.agent.v1.RelayConfigH\x00R\vrelayConfig\x12;\n" +
+	"\n" +
+	"result_ack\x18\x06 \x01(\v2\x1a.obmesh.agent.v1.ResultAckH\x00R\tresultAck\x12;\n" +
+	"\n" +
+	"fate_query\x18\a \x01(\v2\x1a.obmesh.agent.v1.FateQueryH\x00R\tfateQueryB\x05\n" +
 	"\x03msg\"\xf4\x01\n" +
 	"\x05Hello\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x14\n" +
@@ -2659,7 +2920,7 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\aoptions\x18\b \x03(\v2\".obmesh.agent.v1.Node.OptionsEntryR\aoptions\x1a:\n" +
 	"\fOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdf\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x03\n" +
 	"\tOperation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12)\n" +
@@ -2674,9 +2935,20 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x12deadline_unix_nano\x18\b \x01(\x03R\x10deadlineUnixNano\x123\n" +
 	"\x05event\x18\t \x01(\v2\x1d.obmesh.agent.v1.EventRequestR\x05event\x123\n" +
 	"\x05relay\x18\n" +
-	" \x01(\v2\x1d.obmesh.agent.v1.RelayRequestR\x05relay\"\x18\n" +
+	" \x01(\v2\x1d.obmesh.agent.v1.RelayRequestR\x05relay\x12+\n" +
+	"\x12start_by_unix_nano\x18\v \x01(\x03R\x0fstartByUnixNano\"\x18\n" +
 	"\x06Cancel\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xcb\x04\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x1d\n" +
+	"\tResultAck\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"\x1d\n" +
+	"\tFateQuery\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"9\n" +
+	"\n" +
+	"FateReport\x12+\n" +
+	"\x05fates\x18\x01 \x03(\v2\x15.obmesh.agent.v1.FateR\x05fates\",\n" +
+	"\x04Fate\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\"\xcb\x04\n" +
 	"\x0fOperationResult\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x1f\n" +
@@ -2869,7 +3141,7 @@ func file_internal_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_internal_agentpb_agent_proto_rawDescData
 }
 
-var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*ConsoleFrame)(nil),         // 0: obmesh.agent.v1.ConsoleFrame
 	(*AgentMessage)(nil),         // 1: obmesh.agent.v1.AgentMessage
@@ -2882,72 +3154,80 @@ var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*Node)(nil),                 // 8: obmesh.agent.v1.Node
 	(*Operation)(nil),            // 9: obmesh.agent.v1.Operation
 	(*Cancel)(nil),               // 10: obmesh.agent.v1.Cancel
-	(*OperationResult)(nil),      // 11: obmesh.agent.v1.OperationResult
-	(*PowerObservation)(nil),     // 12: obmesh.agent.v1.PowerObservation
-	(*EventRequest)(nil),         // 13: obmesh.agent.v1.EventRequest
-	(*EventSpec)(nil),            // 14: obmesh.agent.v1.EventSpec
-	(*TestEvent)(nil),            // 15: obmesh.agent.v1.TestEvent
-	(*EventCapabilities)(nil),    // 16: obmesh.agent.v1.EventCapabilities
-	(*BMCSubscription)(nil),      // 17: obmesh.agent.v1.BMCSubscription
-	(*EventResult)(nil),          // 18: obmesh.agent.v1.EventResult
-	(*RelayRequest)(nil),         // 19: obmesh.agent.v1.RelayRequest
-	(*DeadLetter)(nil),           // 20: obmesh.agent.v1.DeadLetter
-	(*RelayResult)(nil),          // 21: obmesh.agent.v1.RelayResult
-	(*RelayConfig)(nil),          // 22: obmesh.agent.v1.RelayConfig
-	(*RelayNode)(nil),            // 23: obmesh.agent.v1.RelayNode
-	(*RelaySubscriber)(nil),      // 24: obmesh.agent.v1.RelaySubscriber
-	(*RelayReport)(nil),          // 25: obmesh.agent.v1.RelayReport
-	(*RelaySubscriberStats)(nil), // 26: obmesh.agent.v1.RelaySubscriberStats
-	(*RelayNodeStats)(nil),       // 27: obmesh.agent.v1.RelayNodeStats
-	(*RelayNotice)(nil),          // 28: obmesh.agent.v1.RelayNotice
-	(*RelayEvent)(nil),           // 29: obmesh.agent.v1.RelayEvent
-	nil,                          // 30: obmesh.agent.v1.Node.OptionsEntry
-	nil,                          // 31: obmesh.agent.v1.OperationResult.IdentityEntry
-	nil,                          // 32: obmesh.agent.v1.EventSpec.HeadersEntry
-	nil,                          // 33: obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	(*ResultAck)(nil),            // 11: obmesh.agent.v1.ResultAck
+	(*FateQuery)(nil),            // 12: obmesh.agent.v1.FateQuery
+	(*FateReport)(nil),           // 13: obmesh.agent.v1.FateReport
+	(*Fate)(nil),                 // 14: obmesh.agent.v1.Fate
+	(*OperationResult)(nil),      // 15: obmesh.agent.v1.OperationResult
+	(*PowerObservation)(nil),     // 16: obmesh.agent.v1.PowerObservation
+	(*EventRequest)(nil),         // 17: obmesh.agent.v1.EventRequest
+	(*EventSpec)(nil),            // 18: obmesh.agent.v1.EventSpec
+	(*TestEvent)(nil),            // 19: obmesh.agent.v1.TestEvent
+	(*EventCapabilities)(nil),    // 20: obmesh.agent.v1.EventCapabilities
+	(*BMCSubscription)(nil),      // 21: obmesh.agent.v1.BMCSubscription
+	(*EventResult)(nil),          // 22: obmesh.agent.v1.EventResult
+	(*RelayRequest)(nil),         // 23: obmesh.agent.v1.RelayRequest
+	(*DeadLetter)(nil),           // 24: obmesh.agent.v1.DeadLetter
+	(*RelayResult)(nil),          // 25: obmesh.agent.v1.RelayResult
+	(*RelayConfig)(nil),          // 26: obmesh.agent.v1.RelayConfig
+	(*RelayNode)(nil),            // 27: obmesh.agent.v1.RelayNode
+	(*RelaySubscriber)(nil),      // 28: obmesh.agent.v1.RelaySubscriber
+	(*RelayReport)(nil),          // 29: obmesh.agent.v1.RelayReport
+	(*RelaySubscriberStats)(nil), // 30: obmesh.agent.v1.RelaySubscriberStats
+	(*RelayNodeStats)(nil),       // 31: obmesh.agent.v1.RelayNodeStats
+	(*RelayNotice)(nil),          // 32: obmesh.agent.v1.RelayNotice
+	(*RelayEvent)(nil),           // 33: obmesh.agent.v1.RelayEvent
+	nil,                          // 34: obmesh.agent.v1.Node.OptionsEntry
+	nil,                          // 35: obmesh.agent.v1.OperationResult.IdentityEntry
+	nil,                          // 36: obmesh.agent.v1.EventSpec.HeadersEntry
+	nil,                          // 37: obmesh.agent.v1.RelaySubscriber.HeadersEntry
 }
 var file_internal_agentpb_agent_proto_depIdxs = []int32{
 	3,  // 0: obmesh.agent.v1.AgentMessage.hello:type_name -> obmesh.agent.v1.Hello
-	11, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
+	15, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
 	7,  // 2: obmesh.agent.v1.AgentMessage.heartbeat:type_name -> obmesh.agent.v1.Heartbeat
-	25, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
-	29, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
-	5,  // 5: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
-	9,  // 6: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
-	10, // 7: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
-	6,  // 8: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
-	22, // 9: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
-	4,  // 10: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
-	30, // 11: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
-	8,  // 12: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
-	13, // 13: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
-	19, // 14: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
-	31, // 15: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
-	18, // 16: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
-	21, // 17: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
-	12, // 18: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
-	14, // 19: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
-	15, // 20: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
-	32, // 21: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
-	16, // 22: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
-	17, // 23: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
-	17, // 24: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
-	20, // 25: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
-	23, // 26: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
-	24, // 27: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
-	33, // 28: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
-	26, // 29: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
-	27, // 30: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
-	28, // 31: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
-	1,  // 32: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
-	0,  // 33: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
-	2,  // 34: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
-	0,  // 35: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
-	34, // [34:36] is the sub-list for method output_type
-	32, // [32:34] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	29, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
+	33, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
+	13, // 5: obmesh.agent.v1.AgentMessage.fate_report:type_name -> obmesh.agent.v1.FateReport
+	5,  // 6: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
+	9,  // 7: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
+	10, // 8: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
+	6,  // 9: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
+	26, // 10: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
+	11, // 11: obmesh.agent.v1.CoordinatorMessage.result_ack:type_name -> obmesh.agent.v1.ResultAck
+	12, // 12: obmesh.agent.v1.CoordinatorMessage.fate_query:type_name -> obmesh.agent.v1.FateQuery
+	4,  // 13: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
+	34, // 14: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
+	8,  // 15: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
+	17, // 16: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
+	23, // 17: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
+	14, // 18: obmesh.agent.v1.FateReport.fates:type_name -> obmesh.agent.v1.Fate
+	35, // 19: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
+	22, // 20: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
+	25, // 21: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
+	16, // 22: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
+	18, // 23: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
+	19, // 24: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
+	36, // 25: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
+	20, // 26: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
+	21, // 27: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
+	21, // 28: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
+	24, // 29: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
+	27, // 30: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
+	28, // 31: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
+	37, // 32: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	30, // 33: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
+	31, // 34: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
+	32, // 35: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
+	1,  // 36: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
+	0,  // 37: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
+	2,  // 38: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
+	0,  // 39: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
+	38, // [38:40] is the sub-list for method output_type
+	36, // [36:38] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_internal_agentpb_agent_proto_init() }
@@ -2961,6 +3241,7 @@ func file_internal_agentpb_agent_proto_init() {
 		(*AgentMessage_Heartbeat)(nil),
 		(*AgentMessage_RelayReport)(nil),
 		(*AgentMessage_RelayEvent)(nil),
+		(*AgentMessage_FateReport)(nil),
 	}
 	file_internal_agentpb_agent_proto_msgTypes[2].OneofWrappers = []any{
 		(*CoordinatorMessage_Welcome)(nil),
@@ -2968,6 +3249,8 @@ func file_internal_agentpb_agent_proto_init() {
 		(*CoordinatorMessage_Cancel)(nil),
 		(*CoordinatorMessage_Redirect)(nil),
 		(*CoordinatorMessage_RelayConfig)(nil),
+		(*CoordinatorMessage_ResultAck)(nil),
+		(*CoordinatorMessage_FateQuery)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2975,7 +3258,7 @@ func file_internal_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_agentpb_agent_proto_rawDesc), len(file_internal_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   34,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
