@@ -76,12 +76,17 @@ func DevSetup(dir, httpAddr string) (coordinator.Config, agent.Config, error) {
 	cc.AgentLink.CertFile = filepath.Join(tlsDir, "coordinator.pem")
 	cc.AgentLink.KeyFile = filepath.Join(tlsDir, "coordinator-key.pem")
 	cc.AgentLink.Heartbeat = config.Duration(time.Second)
+	// Webhooks on the developer's machine are plain http.
+	cc.Events.AllowHTTPDestinations = true
 
 	ac := agent.DefaultConfig()
 	ac.ID = "dev-agent"
 	ac.Sites = slices.Clone(devSites)
 	ac.TLS = agent.TLSConfig{CAFile: cc.AgentLink.CAFile, CertFile: filepath.Join(tlsDir, "agent.pem"), KeyFile: filepath.Join(tlsDir, "agent-key.pem")}
 	ac.Link.BackoffMax = config.Duration(2 * time.Second)
+	// The event relay the simulated Redfish BMCs post to (relay-mode
+	// subscriptions), on loopback like everything else.
+	ac.Relay = agent.RelayConfig{Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, "relay")}
 	return cc, ac, nil
 }
 
@@ -281,6 +286,11 @@ Then try:
   %s power status mock-1
   %s power cycle ipmi-1
 
+BMC events (the README's quick start has a webhook receiver to try):
+
+  %s subscription create redfish-1 -destination http://127.0.0.1:9000/hook
+  %s events watch        # then, in a third shell: %s power cycle redfish-1
+
 Press Ctrl-C to stop.
-`, addr, token, dir, kept, redfishNote, addr, obmdToken, addr, token, self, self, self)
+`, addr, token, dir, kept, redfishNote, addr, obmdToken, addr, token, self, self, self, self, self, self)
 }
