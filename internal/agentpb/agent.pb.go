@@ -1048,8 +1048,12 @@ func (x *ResultAck) GetIds() []string {
 // FateQuery asks the agent what became of operations whose results the
 // leader does not have (their receipts say "unknown").
 type FateQuery struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ids           []string               `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ids   []string               `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	// sent_unix_nano[i] is when the coordinator began operation ids[i] (its
+	// clock): an agent says "never_run" only for operations sent since it
+	// started and within what it remembers, else "forgotten".
+	SentUnixNano  []int64 `protobuf:"varint,2,rep,packed,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1087,6 +1091,13 @@ func (*FateQuery) Descriptor() ([]byte, []int) {
 func (x *FateQuery) GetIds() []string {
 	if x != nil {
 		return x.Ids
+	}
+	return nil
+}
+
+func (x *FateQuery) GetSentUnixNano() []int64 {
+	if x != nil {
+		return x.SentUnixNano
 	}
 	return nil
 }
@@ -2940,9 +2951,10 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x06Cancel\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x1d\n" +
 	"\tResultAck\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids\"\x1d\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"C\n" +
 	"\tFateQuery\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids\"9\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\x12$\n" +
+	"\x0esent_unix_nano\x18\x02 \x03(\x03R\fsentUnixNano\"9\n" +
 	"\n" +
 	"FateReport\x12+\n" +
 	"\x05fates\x18\x01 \x03(\v2\x15.obmesh.agent.v1.FateR\x05fates\",\n" +
