@@ -140,6 +140,8 @@ func Decode(data []byte) (c Command, ignore bool, err error) {
 		c, err = decodeAs[RegisterNode](env.Payload)
 	case "node.delete":
 		c, err = decodeAs[DeleteNode](env.Payload)
+	case "node.update":
+		c, err = decodeAs[UpdateNode](env.Payload)
 	case "site.put":
 		c, err = decodeAs[PutSite](env.Payload)
 	case "agent.register":
@@ -269,6 +271,8 @@ func (s *State) applyCore(index uint64, c Command) (res Result, fatal error) {
 		s.nodes[n.Name] = &n
 		out := cloneNode(&n)
 		return Result{Node: &out}, nil
+	case UpdateNode:
+		return s.applyUpdateNode(index, c), nil
 	case SetNodeToken:
 		n, ok := s.nodes[c.Name]
 		if !ok {
