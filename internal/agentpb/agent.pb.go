@@ -2416,10 +2416,13 @@ func (x *RelaySubscriber) GetMaxAgeSeconds() int64 {
 // something changed; notices (a BMC's service restarted, a heartbeat) go at
 // once.
 type RelayReport struct {
-	state         protoimpl.MessageState  `protogen:"open.v1"`
-	Subscribers   []*RelaySubscriberStats `protobuf:"bytes,1,rep,name=subscribers,proto3" json:"subscribers,omitempty"`
-	Nodes         []*RelayNodeStats       `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	Notices       []*RelayNotice          `protobuf:"bytes,3,rep,name=notices,proto3" json:"notices,omitempty"`
+	state       protoimpl.MessageState  `protogen:"open.v1"`
+	Subscribers []*RelaySubscriberStats `protobuf:"bytes,1,rep,name=subscribers,proto3" json:"subscribers,omitempty"`
+	Nodes       []*RelayNodeStats       `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Notices     []*RelayNotice          `protobuf:"bytes,3,rep,name=notices,proto3" json:"notices,omitempty"`
+	// config_version acknowledges the RelayConfig the relay applied last (0:
+	// none yet); a report goes out at once after each one is applied.
+	ConfigVersion uint64 `protobuf:"varint,4,opt,name=config_version,json=configVersion,proto3" json:"config_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2473,6 +2476,13 @@ func (x *RelayReport) GetNotices() []*RelayNotice {
 		return x.Notices
 	}
 	return nil
+}
+
+func (x *RelayReport) GetConfigVersion() uint64 {
+	if x != nil {
+		return x.ConfigVersion
+	}
+	return 0
 }
 
 type RelaySubscriberStats struct {
@@ -3088,11 +3098,12 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x0fmax_age_seconds\x18\r \x01(\x03R\rmaxAgeSeconds\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xec\x01\n" +
 	"\vRelayReport\x12G\n" +
 	"\vsubscribers\x18\x01 \x03(\v2%.obmesh.agent.v1.RelaySubscriberStatsR\vsubscribers\x125\n" +
 	"\x05nodes\x18\x02 \x03(\v2\x1f.obmesh.agent.v1.RelayNodeStatsR\x05nodes\x126\n" +
-	"\anotices\x18\x03 \x03(\v2\x1c.obmesh.agent.v1.RelayNoticeR\anotices\"\xa4\x02\n" +
+	"\anotices\x18\x03 \x03(\v2\x1c.obmesh.agent.v1.RelayNoticeR\anotices\x12%\n" +
+	"\x0econfig_version\x18\x04 \x01(\x04R\rconfigVersion\"\xa4\x02\n" +
 	"\x14RelaySubscriberStats\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\tdelivered\x18\x02 \x01(\x04R\tdelivered\x12\x16\n" +
