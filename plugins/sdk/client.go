@@ -41,15 +41,29 @@ func (d *remoteDriver) ValidateOptions(n Node) error {
 }
 
 func (d *remoteDriver) Info() Info {
-	// Info is documented as I/O-free; the remote one asks once, bounded.
+	// Info is documented as I/O-free; the remote one asks once, bounded
+	// (Start asks first, so a started Process never asks again).
 	d.infoOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), defaultInfoTimeout)
 		defer cancel()
-		if r, err := d.c.Info(ctx, &driverpb.InfoRequest{}); err == nil {
-			d.info = Info{Name: r.Name, Version: r.Version}
-		}
+		d.info, _ = d.ask(ctx)
 	})
 	return d.info
+}
+
+// fetchInfo asks the plugin for its Info and keeps the answer.
+func (d *remoteDriver) fetchInfo(ctx context.Context) (Info, error) {
+	var err error
+	d.infoOnce.Do(func() { d.info, err = d.ask(ctx) })
+	return d.info, err
+}
+
+func (d *remoteDriver) ask(ctx context.Context) (Info, error) {
+	r, err := d.c.Info(ctx, &driverpb.InfoRequest{})
+	if err != nil {
+		return Info{}, fromStatus(ctx, err)
+	}
+	return Info{Name: r.Name, Version: r.Version}, nil
 }
 
 func (d *remoteDriver) Open(ctx context.Context, n Node) (BMC, error) {

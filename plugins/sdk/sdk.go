@@ -26,8 +26,13 @@ import (
 	"time"
 )
 
-// ProtocolVersion is the version of the host/plugin protocol. A host refuses
-// a plugin that speaks another version.
+// ProtocolVersion is the version of the host/plugin protocol, checked in
+// the handshake: a host refuses a plugin that speaks another version, and
+// says so. The SDK is versioned with obmesh (it lives in obmesh's module);
+// ProtocolVersion changes only when a change to the wire is incompatible,
+// so a plugin built with any SDK of the same ProtocolVersion works with any
+// agent of that version. Calls added within a version degrade: a host
+// asking an older plugin for something it lacks gets ErrUnsupported.
 const ProtocolVersion = 1
 
 // Driver is the core every plugin implements.
@@ -36,8 +41,8 @@ type Driver interface {
 	Info() Info
 	// Open connects to the BMC of one node and returns a handle that stays
 	// usable until Close. Open should fail fast with a classified error
-	// (ErrInvalidArgument for bad options, ErrAuth, ErrUnreachable) and must
-	// honour ctx's deadline.
+	// (ErrInvalid for bad or unknown options, ErrAuth, ErrUnreachable) and
+	// must honour ctx's deadline.
 	Open(ctx context.Context, n Node) (BMC, error)
 }
 
@@ -141,8 +146,11 @@ type PowerStatus struct {
 	Raw string
 }
 
-// BootDevice names a boot device. Drivers may accept names beyond the
-// standard ones and must answer ErrInvalidArgument for names they do not know.
+// BootDevice names a boot device. The native API sends only the standard
+// devices below; the obmd-compatible API passes the name HIL sent as it is
+// (obmd's drivers each had their own), so a driver may accept other names
+// there. A driver answers ErrInvalid for a name it does not know, and
+// ErrUnsupported for a standard device its BMC cannot boot from.
 type BootDevice string
 
 // Standard boot devices.
@@ -178,7 +186,9 @@ type PowerGetter interface {
 }
 
 // PowerSetter carries out power actions. An action whose result already holds
-// (On while on) succeeds. An unknown action is ErrInvalidArgument.
+// (On while on) succeeds; Cycle and Reset of a machine that is off power it
+// on; SoftOff asks the OS and reaches off if it obeys. An unknown action is
+// ErrInvalid.
 type PowerSetter interface {
 	SetPower(ctx context.Context, a PowerAction) error
 }

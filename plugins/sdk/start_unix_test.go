@@ -1,0 +1,7 @@
+//go:build unix
+
+package sdk
+
+import "syscall"
+
+func syscallKill(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
