@@ -34,8 +34,15 @@ type Node struct {
 	CredentialKeyID string    `json:"credential_key_id,omitempty"`
 	Key             string    `json:"key"`
 	CreatedAt       time.Time `json:"created_at"`
-	// BMC is the BMC's identity when it was asked for (obmesh node show).
+	// BMC is the BMC's identity when it was asked for (obmesh node show,
+	// node register -check).
 	BMC map[string]string `json:"bmc,omitempty"`
+	// Power is the last power state the leader saw (node list and show).
+	Power *PowerReading `json:"power,omitempty"`
+	// Warnings are things a registration or update accepted but that will
+	// stop operations from working (no agent serves the node's site yet,
+	// its options could not be checked).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Power actions accepted by POST /v1/nodes/{name}/power.
@@ -89,6 +96,11 @@ type Receipt struct {
 	// Identity is the BMC's identity for identity reads (vendor, model,
 	// firmware, ...).
 	Identity map[string]string `json:"identity,omitempty"`
+	// Boot is the boot override for boot reads.
+	Boot *BootSetting `json:"boot,omitempty"`
+	// Phase says where an operation in flight is (OutcomeRunning):
+	// PhaseWaitingForAgent or PhaseAtBMC.
+	Phase string `json:"phase,omitempty"`
 	// Detail is the driver's account of a power action: the BMC command
 	// chosen for it and why ("reset → PowerCycle (ForceRestart is not
 	// among the system's allowed reset types ...)").

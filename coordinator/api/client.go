@@ -18,6 +18,7 @@ type Client struct {
 	base  string
 	token string
 	http  *http.Client
+	opts  CallOptions // see With
 }
 
 // NewClient returns a client for addr ("host:port" or a URL) authenticating
@@ -33,6 +34,10 @@ func NewClient(addr, token string, httpClient *http.Client) *Client {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	return c.doHeader(ctx, method, path, nil, in, out)
+}
+
+func (c *Client) doHeader(ctx context.Context, method, path string, hdr http.Header, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -47,6 +52,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, vs := range hdr {
+		req.Header[k] = vs
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	resp, err := c.http.Do(req)
@@ -106,7 +114,7 @@ func (c *Client) DeleteNode(ctx context.Context, name string) error {
 // Power carries out a power action.
 func (c *Client) Power(ctx context.Context, name, action string) (Receipt, error) {
 	var r Receipt
-	err := c.do(ctx, http.MethodPost, nodePath(name, "/power"), PowerRequest{Action: action}, &r)
+	err := c.doOp(ctx, http.MethodPost, nodePath(name, "/power"), PowerRequest{Action: action}, &r)
 	return r, err
 }
 
@@ -121,21 +129,21 @@ func (c *Client) PowerWithTimeout(ctx context.Context, name, action, timeout str
 // PowerStatus reads the power state; the receipt's State holds it.
 func (c *Client) PowerStatus(ctx context.Context, name string) (Receipt, error) {
 	var r Receipt
-	err := c.do(ctx, http.MethodGet, nodePath(name, "/power"), nil, &r)
+	err := c.doOp(ctx, http.MethodGet, nodePath(name, "/power"), nil, &r)
 	return r, err
 }
 
 // Identity reads the BMC's identity; the receipt's Identity holds it.
 func (c *Client) Identity(ctx context.Context, name string) (Receipt, error) {
 	var r Receipt
-	err := c.do(ctx, http.MethodGet, nodePath(name, "/identity"), nil, &r)
+	err := c.doOp(ctx, http.MethodGet, nodePath(name, "/identity"), nil, &r)
 	return r, err
 }
 
 // SetBootDevice sets the boot device.
 func (c *Client) SetBootDevice(ctx context.Context, name string, b BootRequest) (Receipt, error) {
 	var r Receipt
-	err := c.do(ctx, http.MethodPut, nodePath(name, "/boot"), b, &r)
+	err := c.doOp(ctx, http.MethodPut, nodePath(name, "/boot"), b, &r)
 	return r, err
 }
 

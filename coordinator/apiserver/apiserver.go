@@ -92,6 +92,8 @@ type Server struct {
 
 	evMu   sync.Mutex
 	events Events
+
+	running inflight // operations in flight, for their phase
 }
 
 // New returns the API handler.
@@ -102,14 +104,17 @@ func New(cfg Config, st Store, op Operator, agents Agents, nodes *ops.Registry, 
 	s.handle("GET /v1/nodes", s.listNodes)
 	s.handle("GET /v1/nodes/{name}", s.showNode)
 	s.handle("DELETE /v1/nodes/{name}", s.deleteNode)
+	s.handle("PATCH /v1/nodes/{name}", s.updateNode)
 	s.handle("POST /v1/nodes/{name}/power", s.power)
 	s.handle("GET /v1/nodes/{name}/power", s.powerStatus)
 	s.handle("GET /v1/nodes/{name}/identity", s.identity)
 	s.handle("PUT /v1/nodes/{name}/boot", s.boot)
 	s.handle("GET /v1/nodes/{name}/console", s.console)
 	s.handle("GET /v1/operations/{id}", s.operation)
+	s.handle("GET /v1/operations", s.listOperations)
 	s.handle("GET /v1/agents", s.listAgents)
 	s.handle("GET /v1/status", s.status)
+	s.mux.HandleFunc("GET /v1/health", s.health) // no token: for load balancers and monitoring
 	s.handle("GET /v1/operator/raft/peers", s.listPeers)
 	s.handle("POST /v1/operator/raft/peers", s.addPeer)
 	s.handle("DELETE /v1/operator/raft/peers/{id}", s.removePeer)
@@ -353,11 +358,13 @@ func (s *Server) registerNode(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(w, r, &spec); err != nil {
 		return err
 	}
-	n, err := s.nodes.Register(r.Context(), spec)
+	n, warnings, err := s.nodes.RegisterChecked(r.Context(), spec)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, toAPINode(n))
+	out := toAPINode(n)
+	out.Warnings = warnings
+	writeJSON(w, http.StatusCreated, out)
 	return nil
 }
 
@@ -367,7 +374,7 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := []api.Node{}
 	for _, n := range s.store.State().Nodes() {
-		out = append(out, toAPINode(n))
+		out = append(out, s.withPower(toAPINode(n)))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -381,13 +388,16 @@ func (s *Server) showNode(w http.ResponseWriter, r *http.Request) error {
 	if !ok {
 		return fmt.Errorf("node %q: %w", r.PathValue("name"), state.ErrNotFound)
 	}
-	writeJSON(w, http.StatusOK, toAPINode(n))
+	writeJSON(w, http.StatusOK, s.withPower(toAPINode(n)))
 	return nil
 }
 
 func (s *Server) deleteNode(w http.ResponseWriter, r *http.Request) error {
 	if err := s.nodes.Delete(r.Context(), r.PathValue("name")); err != nil {
 		return err
+	}
+	if pm, ok := s.ops.(powerMemory); ok {
+		pm.ForgetPower(r.PathValue("name"))
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -419,6 +429,8 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req ops.Request) er
 	}
 	defer cancel()
 	req.ID = operationID(r.Context())
+	ctx, done := s.track(ctx, w, r, req)
+	defer done()
 	rec, err := s.ops.Do(ctx, req)
 	if err != nil {
 		if rec.ID == "" {
@@ -468,6 +480,10 @@ func (s *Server) boot(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) operation(w http.ResponseWriter, r *http.Request) error {
 	if err := s.read(r); err != nil {
 		return err
+	}
+	if run, ok := s.running.get(r.PathValue("id")); ok {
+		writeJSON(w, http.StatusOK, run)
+		return nil
 	}
 	rec, ok := s.ops.Receipt(r.PathValue("id"))
 	if !ok {
