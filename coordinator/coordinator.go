@@ -148,6 +148,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	}, st, keys, runner, s.logger)
 	relay.Config, relay.Report, relay.Event = evs.RelayConfig, evs.OnRelayReport, evs.OnRelayEvent
 	registry := ops.NewRegistry(st, keys, s.cfg.Operations.DefaultSite)
+	registry.SetDoor(ops.Door{State: st.State(), Connected: svc.Connected, Disp: svc, Epoch: st})
 	apiHandler := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, membership{st, members}, s.logger)
 	apiHandler.SetEvents(evs)
 
@@ -336,7 +337,7 @@ func (l leadership) LeaderLinkAddr() string { return l.members.LeaderLinkAddr() 
 // member that lost the leadership meanwhile answers it with 503.
 func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if st.IsLeader() || r.URL.Path == "/v1/status" ||
+		if st.IsLeader() || r.URL.Path == "/v1/status" || r.URL.Path == "/v1/health" ||
 			(r.Method == http.MethodGet && r.URL.Query().Get("stale") == "true") {
 			local.ServeHTTP(w, r)
 			return
@@ -346,6 +347,11 @@ func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler) http
 		var opID string
 		if r.Method != http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/nodes/") {
 			opID = agentsvc.NewOperationID()
+			if r.Header.Get(api.EarlyIDHeader) == "1" {
+				// The client asked for the id before the answer.
+				w.Header().Set(api.ReceiptIDHeader, opID)
+				w.WriteHeader(http.StatusProcessing)
+			}
 		}
 		served, err := fw.Forward(w, r, opID)
 		switch {

@@ -143,8 +143,8 @@ func (w *streamWriter) SetWriteDeadline(t time.Time) error {
 func (w *streamWriter) SetReadDeadline(t time.Time) error { return w.SetWriteDeadline(t) }
 
 func (w *streamWriter) WriteHeader(code int) {
-	if w.wroteHead {
-		return
+	if w.wroteHead || (code >= 100 && code < 200) {
+		return // informational answers stay here: the forwarding member sends its own
 	}
 	w.wroteHead, w.status = true, code
 	f := &clusterpb.HTTPFrame{Status: int32(code)}
