@@ -20,6 +20,17 @@
 // stream is closed at once and every operation in flight on it fails with
 // ErrOutcomeUnknown, without waiting for the transport's keepalive to
 // notice a hung peer.
+//
+// Results: an agent keeps every result in an outbox until the coordinator
+// acknowledges it (Ack, once the receipt is recorded) and re-sends the
+// outbox on every new link; results nobody waits for go to
+// Config.OnLateResult. FateQuery asks an agent what became of operations
+// whose results are missing; its answers go to Config.OnFate.
+//
+// Followers: an agent that connects to a member that does not lead is
+// held (up to FollowerHold) until a leader this member has heard from
+// recently is known, then redirected there; a member never points agents
+// at a leader it has not heard from (a dead one, during an election).
 package agentsvc
 
 import (
@@ -68,6 +79,11 @@ var ErrOutcomeUnknown = errors.New("operation outcome unknown")
 // lostAfter is how many heartbeat intervals of silence make an agent lost.
 const lostAfter = 3
 
+// FollowerHold bounds how long a member that does not lead holds an
+// agent's hello while no leader is known (an election), before it
+// redirects the agent with no leader named.
+const FollowerHold = 5 * time.Second
+
 // Leadership is what the service needs from the store.
 type Leadership interface {
 	IsLeader() bool
@@ -92,6 +108,11 @@ type Config struct {
 	// coordinator is not waiting for (sent by an agent after the link they
 	// were dispatched on broke, typically under a previous leader).
 	OnLateResult func(agentID string, r *agentpb.OperationResult)
+	// OnFate, if set, receives an agent's answers to QueryFate. OnAgentReady,
+	// if set, is called when an agent's link to this leader is up. Both run
+	// off the link's receive loop.
+	OnFate       func(agentID string, fates []*agentpb.Fate)
+	OnAgentReady func(agentID string)
 
 	// RelayConfig, if set, builds the relay configuration of an agent
 	// serving sites (every node of those sites with relay subscriptions).
@@ -149,6 +170,7 @@ type conn struct {
 	// fresh relay configuration.
 	relayURL, relayFP string
 	relayKick         chan struct{}
+	relayAcked        relayAck // the relay configuration version this link's agent applied (relay.go)
 
 	sendMu sync.Mutex
 
@@ -204,8 +226,13 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	if !s.lead.IsLeader() {
-		// Agents follow the leader; tell this one to look elsewhere.
-		return stream.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Redirect{Redirect: &agentpb.Redirect{Leader: s.lead.LeaderLinkAddr()}}})
+		// Agents follow the leader. During an election none is known: hold
+		// the agent until one is (or this member leads), so it goes
+		// straight to the new leader instead of to a dead one.
+		leader := s.awaitLeader(ctx)
+		if !s.lead.IsLeader() {
+			return stream.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Redirect{Redirect: &agentpb.Redirect{Leader: leader}}})
+		}
 	}
 	var drivers []state.DriverInfo
 	var driverNames []string
@@ -239,6 +266,9 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 	s.notifyLocked()
 	s.mu.Unlock()
 	s.logger.Info("agent connected", "agent", c.id, "sites", c.sites, "drivers", driverNames, "relay", c.relayURL)
+	if s.cfg.OnAgentReady != nil {
+		s.bg.Go(func() { s.cfg.OnAgentReady(c.id) })
+	}
 	inbox := s.startRelay(cctx, c)
 
 	gone, lost := "disconnected", false
@@ -284,8 +314,13 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 				}
 			}
 			c.mu.Unlock()
+			// Recording a late result or a fate is a Raft write: never on
+			// this loop, which must keep reading heartbeats.
 			if late != nil && s.cfg.OnLateResult != nil {
-				s.cfg.OnLateResult(c.id, late)
+				s.bg.Go(func() { s.cfg.OnLateResult(c.id, late) })
+			}
+			if f := m.GetFateReport(); f != nil && s.cfg.OnFate != nil {
+				s.bg.Go(func() { s.cfg.OnFate(c.id, f.Fates) })
 			}
 			if m.GetRelayReport() != nil || m.GetRelayEvent() != nil {
 				inbox.put(m)
@@ -316,6 +351,29 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 					"agent", c.id, "silent", silent.Round(time.Millisecond), "in_flight", inflight)
 				return status.Errorf(codes.Unavailable, "no heartbeat for %v: agent considered lost", silent.Round(time.Millisecond))
 			}
+		}
+	}
+}
+
+// awaitLeader waits (up to FollowerHold, bounded by ctx) until this member
+// leads or knows a leader it has heard from recently, and returns that
+// leader's link address (empty if none or this member).
+func (s *Service) awaitLeader(ctx context.Context) string {
+	deadline := time.Now().Add(FollowerHold)
+	for {
+		if s.lead.IsLeader() {
+			return ""
+		}
+		if a := s.lead.LeaderLinkAddr(); a != "" {
+			return a
+		}
+		if time.Now().After(deadline) {
+			return ""
+		}
+		select {
+		case <-ctx.Done():
+			return ""
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
@@ -418,8 +476,53 @@ type Result struct {
 // such agent connects within the agent wait, and with ErrOutcomeUnknown
 // when the operation was sent but no result came back.
 func (s *Service) Dispatch(ctx context.Context, site, driver string, op *agentpb.Operation) (Result, error) {
-	res, _, err := s.dispatch(ctx, site, driver, op, nil)
+	res, _, err := s.dispatch(ctx, site, driver, op, nil, nil)
 	return res, err
+}
+
+// Dispatch, DispatchTo and OpenConsole acknowledge a result to the agent as
+// soon as it is delivered; DispatchRecorded leaves that to its caller (Ack,
+// once the result is recorded).
+
+// DispatchRecorded is Dispatch with before called once the agent is
+// chosen and before the operation is sent to it: the caller records the
+// operation, naming its agent, before it can run. An error from before is
+// returned (wrapped) and nothing is sent.
+func (s *Service) DispatchRecorded(ctx context.Context, site, driver string, op *agentpb.Operation, before func(agent string) error) (Result, error) {
+	res, _, err := s.dispatch(ctx, site, driver, op, nil, before)
+	return res, err
+}
+
+// Ack tells an agent that the results of ids are recorded, so it drops
+// them from its outbox. An agent that is not connected is told when it
+// re-sends them.
+func (s *Service) Ack(agentID string, ids ...string) {
+	if len(ids) == 0 {
+		return
+	}
+	s.mu.Lock()
+	c := s.conns[agentID]
+	s.mu.Unlock()
+	if c != nil {
+		c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_ResultAck{ResultAck: &agentpb.ResultAck{Ids: ids}}})
+	}
+}
+
+// QueryFate asks a connected agent what became of operations (sent at
+// the given times); the answers go to Config.OnFate. It fails with an
+// error matching ErrNoAgent when the agent is not connected.
+func (s *Service) QueryFate(agentID string, ids []string, sent []time.Time) error {
+	s.mu.Lock()
+	c := s.conns[agentID]
+	s.mu.Unlock()
+	if c == nil {
+		return fmt.Errorf("agent %s is not connected: %w", agentID, ErrNoAgent)
+	}
+	q := &agentpb.FateQuery{Ids: ids}
+	for _, t := range sent {
+		q.SentUnixNano = append(q.SentUnixNano, t.UnixNano())
+	}
+	return c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_FateQuery{FateQuery: q}})
 }
 
 // OpenConsole sends a console_open operation and waits until the chosen
@@ -443,10 +546,10 @@ func (s *Service) OpenConsole(ctx context.Context, site, driver string, op *agen
 		}
 		s.mu.Unlock()
 	}()
-	return s.dispatch(ctx, site, driver, op, ch)
+	return s.dispatch(ctx, site, driver, op, ch, nil)
 }
 
-func (s *Service) dispatch(ctx context.Context, site, driver string, op *agentpb.Operation, consoleCh chan *ConsoleStream) (Result, *ConsoleStream, error) {
+func (s *Service) dispatch(ctx context.Context, site, driver string, op *agentpb.Operation, consoleCh chan *ConsoleStream, before func(string) error) (Result, *ConsoleStream, error) {
 	waitCtx, cancel := context.WithTimeout(ctx, s.cfg.AgentWait)
 	defer cancel()
 	var c *conn
@@ -464,7 +567,16 @@ func (s *Service) dispatch(ctx context.Context, site, driver string, op *agentpb
 			return Result{}, nil, &NoAgentError{Site: site, Driver: driver}
 		}
 	}
-	return s.run(ctx, c, op, consoleCh)
+	if before != nil {
+		if err := before(c.id); err != nil {
+			return Result{Agent: c.id}, nil, err
+		}
+	}
+	res, cs, err := s.run(ctx, c, op, consoleCh)
+	if before == nil && res.OperationResult != nil {
+		s.Ack(c.id, op.Id)
+	}
+	return res, cs, err
 }
 
 // DispatchTo sends op to the named agent and waits for its result, bounded
@@ -479,6 +591,9 @@ func (s *Service) DispatchTo(ctx context.Context, agentID string, op *agentpb.Op
 		return Result{Agent: agentID}, fmt.Errorf("agent %s is not connected to the leader or not healthy: %w", agentID, ErrNoAgent)
 	}
 	res, _, err := s.run(ctx, c, op, nil)
+	if res.OperationResult != nil {
+		s.Ack(c.id, op.Id)
+	}
 	return res, err
 }
 

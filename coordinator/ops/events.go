@@ -95,7 +95,7 @@ func (r *Runner) Event(ctx context.Context, node string, req *agentpb.EventReque
 		}
 		password = string(p)
 	}
-	id, err := r.reserve("")
+	id, err := r.reserve("", "")
 	if err != nil {
 		return nil, "", &Failure{Class: "internal", Message: err.Error()}
 	}
@@ -103,6 +103,7 @@ func (r *Runner) Event(ctx context.Context, node string, req *agentpb.EventReque
 	dl, _ := ctx.Deadline()
 	op := &agentpb.Operation{
 		Id: id, Epoch: r.epoch.Epoch(), Action: action, DeadlineUnixNano: dl.UnixNano(), Event: req,
+		StartByUnixNano: r.startBy(time.Now(), dl).UnixNano(),
 		Node: &agentpb.Node{Name: n.Name, Key: n.Key(), Driver: n.Driver, Site: n.Site, Address: n.Address,
 			Username: n.Username, Password: password, Options: n.Options},
 	}
@@ -156,7 +157,7 @@ func (r *Runner) Relay(ctx context.Context, agentIDs []string, action string, re
 	)
 	for _, agent := range ids {
 		wg.Go(func() {
-			id, err := r.reserve("")
+			id, err := r.reserve("", "")
 			if err != nil {
 				mu.Lock()
 				errs = append(errs, &Failure{Class: "internal", Message: "agent " + agent + ": " + err.Error()})

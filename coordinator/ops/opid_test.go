@@ -6,6 +6,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/obmesh/obmesh/coordinator/agentsvc"
 	"github.com/obmesh/obmesh/coordinator/state"
@@ -48,14 +49,17 @@ func (epoch1) Epoch() uint64 { return 1 }
 
 const fwdID = "op-0123456789abcdef01234567"
 
-func TestOperationIDs_ConcurrentSameIDIsRefusedNotMerged(t *testing.T) {
+// TestOperationIDs_RepeatedIDWaitsForTheFirst: a forwarding member that
+// retries (same id, same request) while the first attempt runs is answered
+// with the first one's receipt once it ends, and the operation runs once.
+func TestOperationIDs_RepeatedIDWaitsForTheFirst(t *testing.T) {
 	d := gateDispatcher{started: make(chan string, 4), release: make(chan struct{})}
 	r := New(Config{}, fakeNodes{}, nil, d, epoch1{}, nil, logging.Discard())
 	type out struct {
 		state, id string
 		err       error
 	}
-	first := make(chan out, 1)
+	first, second := make(chan out, 1), make(chan out, 1)
 	go func() {
 		rec, err := r.Do(context.Background(), Request{ID: fwdID, Node: "n1", Action: ActPowerStatus})
 		first <- out{rec.State, rec.ID, err}
@@ -63,35 +67,49 @@ func TestOperationIDs_ConcurrentSameIDIsRefusedNotMerged(t *testing.T) {
 	if got := <-d.started; got != fwdID {
 		t.Fatalf("the first operation runs as %s, want %s", got, fwdID)
 	}
-	// While the first runs, a second operation with the same id is refused
-	// at once: it is never run and never handed the first one's result.
-	rec, err := r.Do(context.Background(), Request{ID: fwdID, Node: "n1", Action: ActPowerStatus})
-	if !errors.Is(err, ErrOperationID) || rec.ID != "" {
-		t.Fatalf("second operation with a running id = %+v, %v; want ErrOperationID and no receipt", rec, err)
+	go func() {
+		rec, err := r.Do(context.Background(), Request{ID: fwdID, Node: "n1", Action: ActPowerStatus})
+		second <- out{rec.State, rec.ID, err}
+	}()
+	// Another request (another action) with the running id is refused.
+	if _, err := r.Do(context.Background(), Request{ID: fwdID, Node: "n1", Action: ActIdentity}); !errors.Is(err, ErrOperationID) {
+		t.Fatalf("another action with a running id = %v, want ErrOperationID", err)
+	}
+	select {
+	case o := <-second:
+		t.Fatalf("the repeat answered before the first ended: %+v", o)
+	case <-time.After(100 * time.Millisecond):
 	}
 	close(d.release)
-	o := <-first
-	if o.err != nil || o.id != fwdID || o.state != "state-of-"+fwdID {
-		t.Fatalf("first operation = %+v", o)
+	for _, ch := range []chan out{first, second} {
+		if o := <-ch; o.err != nil || o.id != fwdID || o.state != "state-of-"+fwdID {
+			t.Fatalf("operation = %+v, want the first one's receipt", o)
+		}
 	}
-	// Once finished, its receipt still holds the id.
-	if _, err := r.Do(context.Background(), Request{ID: fwdID, Node: "n1", Action: ActPowerStatus}); !errors.Is(err, ErrOperationID) {
-		t.Errorf("reusing a finished operation's id = %v, want ErrOperationID", err)
-	}
-	if rec, ok := r.Receipt(fwdID); !ok || rec.State != "state-of-"+fwdID {
-		t.Errorf("receipt %s = %+v, %v; want the first operation's", fwdID, rec, ok)
+	select {
+	case id := <-d.started:
+		t.Fatalf("the repeat ran again as %s", id)
+	default:
 	}
 }
 
-func TestOperationIDs_RecordedOrMalformedIsRefused(t *testing.T) {
+func TestOperationIDs_MalformedOrOtherOperationsIsRefused(t *testing.T) {
 	d := gateDispatcher{started: make(chan string, 4), release: make(chan struct{})}
 	close(d.release)
 	recorded := "op-fedcba9876543210fedcba98"
-	r := New(Config{}, fakeNodes{audit: map[string]json.RawMessage{recorded: json.RawMessage(`{}`)}}, nil, d, epoch1{}, nil, logging.Discard())
+	r := New(Config{}, fakeNodes{audit: map[string]json.RawMessage{recorded: json.RawMessage(`{"id":"` + recorded + `","node":"n1","action":"power_off","outcome":"ok"}`)}}, nil, d, epoch1{}, nil, logging.Discard())
 	for _, id := range []string{recorded, "op-1", "../etc", "OP-0123456789ABCDEF01234567"} {
 		if _, err := r.Do(context.Background(), Request{ID: id, Node: "n1", Action: ActPowerStatus}); !errors.Is(err, ErrOperationID) {
 			t.Errorf("id %q: %v, want ErrOperationID", id, err)
 		}
+	}
+	// The same request as the recorded one gets its receipt, not a run.
+	rec, err := r.Do(context.Background(), Request{ID: recorded, Node: "n1", Action: ActPowerOff})
+	if err != nil || rec.ID != recorded || rec.Outcome != "ok" {
+		t.Fatalf("repeat of a recorded operation = %+v, %v", rec, err)
+	}
+	if len(d.started) != 0 {
+		t.Fatal("a recorded operation ran again")
 	}
 }
 

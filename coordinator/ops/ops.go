@@ -1,11 +1,32 @@
 // Package ops runs operations on nodes: it reads the node, opens its sealed
-// credential, stamps the leader's epoch and a deadline, dispatches the
-// operation to an agent of the node's site and turns the outcome into a
-// receipt. Recent receipts are kept in memory for lookup by id.
+// credential, stamps the leader's epoch, a start-by deadline and a
+// completion deadline, dispatches the operation to an agent of the node's
+// site and turns the outcome into a receipt.
+//
+// Receipts of operations that change something are recorded in the
+// replicated audit trail as "unknown" once the agent is chosen and before
+// the operation is sent to it, and again with their outcome; lookups read
+// the recorded receipt (every member answers the same). Reads (status,
+// identity) and consoles are kept in memory on the leader only.
+//
+// Every receipt resolves when the truth arrives: a result that comes back
+// after the sender gave up (or under a later leader) completes the recorded
+// receipt (RecordLate); the agent keeps it until it is acknowledged (Ack,
+// after the record). Receipts still "unknown" with no result are asked
+// about (ResolveUnknown): an agent that never began the operation says so,
+// refuses it from then on, and the receipt becomes "failed" (class
+// "not_started").
+//
+// Retries are safe: a request naming an operation id that is already
+// recorded (a forwarding member retrying after a leader loss) or carrying
+// an idempotency key an operation holds gets that operation's receipt,
+// waiting for it while it runs, and never runs again.
 package ops
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -56,11 +77,23 @@ var ErrNodeNotFound = errors.New("node not found")
 
 // Request is one operation.
 type Request struct {
+	// IdempotencyKey, if set, names the request for safe retries: it is
+	// recorded with the operation (scoped to Caller and Node) before the
+	// operation is sent, and a later request with the same key gets that
+	// operation's receipt instead of running again, on any member, for up
+	// to state.KeyTTL (or while the receipt is in the audit trail). Only
+	// operations that change something are keyed.
+	IdempotencyKey string
+	// Caller names who asks (the scope of its keys).
+	Caller string
 	// ID, if set, is the operation's id (a member that forwarded the
 	// request chose it, so it can name the operation even if the leader
-	// dies); otherwise one is drawn. A set ID that is not an operation id
-	// or is taken (running, or with a receipt) is refused with
-	// ErrOperationID: two operations never share an id.
+	// dies); otherwise one is drawn. A set ID that is taken by the same
+	// request (same node and action: the forwarding member retried after
+	// the leader it sent it to was lost) is answered with that operation's
+	// receipt; one that is not an operation id or is taken by another
+	// operation is refused with ErrOperationID: two operations never share
+	// an id.
 	ID         string
 	Node       string
 	Action     string // an Act* constant
@@ -74,6 +107,28 @@ type Request struct {
 type Nodes interface {
 	Node(name string) (state.Node, bool)
 	Audit(id string) (json.RawMessage, bool)
+}
+
+// Keys is what the runner reads idempotency keys and unresolved receipts
+// from (the replicated state); optional: without it keys and
+// ResolveUnknown are off.
+type Keys interface {
+	AuditKey(key string) (id string, stampUnixNano int64, ok bool)
+	AuditUnknown() []string
+}
+
+// RecordingDispatcher is a Dispatcher that calls before with the chosen
+// agent before it sends the operation (agentsvc.Service). Without it, the
+// runner records an operation before it dispatches it, naming no agent.
+type RecordingDispatcher interface {
+	DispatchRecorded(ctx context.Context, site, driver string, op *agentpb.Operation, before func(agent string) error) (agentsvc.Result, error)
+}
+
+// Acker acknowledges recorded results to the agent that sent them, and asks
+// agents the fate of operations (agentsvc.Service).
+type Acker interface {
+	Ack(agent string, ids ...string)
+	QueryFate(agent string, ids []string, sent []time.Time) error
 }
 
 // Dispatcher sends operations to agents.
@@ -94,6 +149,14 @@ type Config struct {
 	DefaultTimeout time.Duration
 	// Keep is how many recent receipts are kept; zero means 4096.
 	Keep int
+	// StartBy bounds when an agent may begin an operation (it refuses one
+	// it gets, or reaches in its per-BMC queue, later); zero means 10s,
+	// and never past the completion deadline.
+	StartBy time.Duration
+	// ReplayWait bounds how long a retried request waits for the receipt
+	// of an operation that no member is running and that has no result
+	// yet (a result may still come from its agent); zero means 5s.
+	ReplayWait time.Duration
 }
 
 // Runner runs operations. It is safe for concurrent use.
@@ -109,7 +172,8 @@ type Runner struct {
 	mu       sync.Mutex
 	recent   map[string]api.Receipt
 	order    []string
-	reserved map[string]bool // ids of running operations
+	reserved map[string]string // ids of running operations: their node and action
+	forgot   map[string]string // ids an agent no longer knows, by agent (not asked again)
 }
 
 // New returns a Runner. Receipts of operations that change something are
@@ -122,8 +186,14 @@ func New(cfg Config, nodes Nodes, keys *seal.Keyring, disp Dispatcher, epoch Epo
 	if cfg.Keep == 0 {
 		cfg.Keep = 4096
 	}
+	if cfg.StartBy == 0 {
+		cfg.StartBy = 10 * time.Second
+	}
+	if cfg.ReplayWait == 0 {
+		cfg.ReplayWait = 5 * time.Second
+	}
 	return &Runner{cfg: cfg, nodes: nodes, keys: keys, disp: disp, epoch: epoch, audit: audit,
-		logger: logger.With("component", "ops"), recent: map[string]api.Receipt{}, reserved: map[string]bool{}}
+		logger: logger.With("component", "ops"), recent: map[string]api.Receipt{}, reserved: map[string]string{}, forgot: map[string]string{}}
 }
 
 // Failure is an operation error with its class; Receipt says what happened.
@@ -161,8 +231,17 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 	if !ok {
 		return api.Receipt{}, nil, fmt.Errorf("node %q: %w", req.Node, ErrNodeNotFound)
 	}
+	key := r.scopedKey(req)
+	if key != "" {
+		if id, ok := r.keyHolder(key); ok {
+			return r.replay(ctx, id, req)
+		}
+	}
 	start := time.Now()
-	id, rerr := r.reserve(req.ID)
+	id, rerr := r.reserve(req.ID, tag(req.Node, req.Action))
+	if errors.Is(rerr, errTaken) {
+		return r.replay(ctx, req.ID, req)
+	}
 	if rerr != nil {
 		return api.Receipt{}, nil, rerr
 	}
@@ -177,7 +256,6 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 			rec.ErrorClass, rec.Error = f.Class, f.Message
 		}
 		r.remember(rec)
-		r.record(rec)
 		r.logger.Info("operation", "id", rec.ID, "node", rec.Node, "action", rec.Action, "outcome", outcome, "agent", rec.Agent, "class", rec.ErrorClass)
 		if f != nil {
 			return rec, f
@@ -189,6 +267,7 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		p, err := r.keys.Open(n.Credential, n.Name)
 		if err != nil {
 			rec, err := finish(api.OutcomeFailed, &Failure{Class: "internal", Message: fmt.Sprintf("cannot open the stored credential of node %s: %v", n.Name, err)})
+			r.record(rec)
 			return rec, nil, err
 		}
 		password = string(p)
@@ -197,38 +276,63 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 	op := &agentpb.Operation{
 		Id: rec.ID, Epoch: r.epoch.Epoch(), Action: req.Action,
 		BootDevice: req.BootDevice, Persistent: req.Persistent, Efi: req.EFI,
-		DeadlineUnixNano: dl.UnixNano(),
+		DeadlineUnixNano: dl.UnixNano(), StartByUnixNano: r.startBy(start, dl).UnixNano(),
 		Node: &agentpb.Node{Name: n.Name, Key: n.Key(), Driver: n.Driver, Site: n.Site, Address: n.Address,
 			Username: n.Username, Password: password, Options: n.Options},
 	}
 	rec.Epoch = op.Epoch
-	// An operation that changes something is recorded before it is sent:
-	// if this leader dies now, the new one answers a lookup of its id with
-	// "unknown" instead of "no such operation".
-	if changes(req.Action) && r.audit != nil {
-		pending := rec
-		pending.Outcome, pending.Error = api.OutcomeUnknown, "sent to an agent; no result recorded (the coordinator that ran it was lost)"
-		if err := r.recordReceipt(ctx, pending); err != nil {
-			class := "no_leader"
-			if errors.Is(err, context.DeadlineExceeded) {
-				class = "timeout" // the operation's own deadline passed first
-			}
-			rec, err := finish(api.OutcomeFailed, &Failure{Class: class, Message: "could not record the operation before running it: " + err.Error()})
-			return rec, nil, err
+	// An operation that changes something is recorded, naming its agent,
+	// before it is sent: if this leader dies now, the new one answers a
+	// lookup of its id with "unknown" (and can ask that agent) instead of
+	// "no such operation". Its idempotency key is taken in the same write.
+	recorded := false
+	before := func(agent string) error {
+		if !changes(req.Action) || r.audit == nil {
+			return nil
 		}
+		pending := rec
+		pending.Agent = agent
+		pending.Outcome, pending.Error = api.OutcomeUnknown, "sent to an agent; no result recorded yet (the coordinator that ran it may have been lost)"
+		if err := r.recordReceipt(ctx, pending, key); err != nil {
+			return &recordError{err}
+		}
+		recorded = true
+		return nil
 	}
 	var res agentsvc.Result
 	var cs *agentsvc.ConsoleStream
 	var err error
-	if req.Action == ActConsoleOpen {
+	rd, recording := r.disp.(RecordingDispatcher)
+	switch {
+	case req.Action == ActConsoleOpen:
 		res, cs, err = r.disp.OpenConsole(ctx, n.Site, n.Driver, op)
-	} else {
-		res, err = r.disp.Dispatch(ctx, n.Site, n.Driver, op)
+	case recording:
+		res, err = rd.DispatchRecorded(ctx, n.Site, n.Driver, op, before)
+	default:
+		if err = before(""); err == nil {
+			res, err = r.disp.Dispatch(ctx, n.Site, n.Driver, op)
+		}
 	}
 	rec.Agent = res.Agent
 	var f *Failure
+	var re *recordError
 	outcome := api.OutcomeFailed
 	switch {
+	case errors.As(err, &re):
+		if key != "" && errors.Is(re.err, state.ErrExists) {
+			// Another request with this key took it first: this one is its
+			// retry, and never runs.
+			if hid, ok := r.keyHolder(key); ok {
+				r.unreserve(id)
+				return r.replay(ctx, hid, req)
+			}
+		}
+		class := "no_leader"
+		if errors.Is(re.err, context.DeadlineExceeded) {
+			class = "timeout" // the operation's own deadline passed first
+		}
+		rec, err := finish(api.OutcomeFailed, &Failure{Class: class, Message: "could not record the operation before running it (it was not sent): " + re.err.Error()})
+		return rec, nil, err
 	case errors.Is(err, agentsvc.ErrNoAgent):
 		f = &Failure{Class: "no_agent", Message: err.Error()}
 	case errors.Is(err, agentsvc.ErrOutcomeUnknown):
@@ -252,7 +356,129 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		}
 	}
 	rec, err = finish(outcome, f)
+	// The agent keeps the result until it is recorded: a leader lost before
+	// the record gets it again, from the agent, under the next leader.
+	if r.record(rec) == nil || !recorded {
+		r.ack(res)
+	}
+	if outcome == api.OutcomeUnknown && recorded {
+		// The record may have been completed meanwhile (a result that came
+		// just after the deadline): answer what is recorded.
+		if got, ok := r.recorded(rec.ID); ok && got.Outcome != api.OutcomeUnknown {
+			r.remember(got)
+			return got, cs, failureOf(got)
+		}
+	}
 	return rec, cs, err
+}
+
+// recordError is a failure to record an operation before sending it.
+type recordError struct{ err error }
+
+func (e *recordError) Error() string { return "record the operation: " + e.err.Error() }
+func (e *recordError) Unwrap() error { return e.err }
+
+// startBy is the start-by deadline of an operation begun at start with
+// completion deadline dl.
+func (r *Runner) startBy(start, dl time.Time) time.Time {
+	if sb := start.Add(r.cfg.StartBy); sb.Before(dl) {
+		return sb
+	}
+	return dl
+}
+
+// ack acknowledges a result to its agent.
+func (r *Runner) ack(res agentsvc.Result) {
+	if a, ok := r.disp.(Acker); ok && res.OperationResult != nil && res.Agent != "" {
+		a.Ack(res.Agent, res.Id)
+	}
+}
+
+// scopedKey is the replicated form of a request's idempotency key: a hash
+// of caller, node and key (the key itself is not stored), empty when the
+// request has none or reads.
+func (r *Runner) scopedKey(req Request) string {
+	if req.IdempotencyKey == "" || !changes(req.Action) {
+		return ""
+	}
+	h := sha256.Sum256([]byte(req.Caller + "\x00" + req.Node + "\x00" + req.IdempotencyKey))
+	return "idem-" + hex.EncodeToString(h[:16])
+}
+
+// keyHolder returns the operation holding a scoped key, if any and not
+// expired.
+func (r *Runner) keyHolder(key string) (string, bool) {
+	k, ok := r.nodes.(Keys)
+	if !ok {
+		return "", false
+	}
+	id, stamp, ok := k.AuditKey(key)
+	if !ok || time.Since(time.Unix(0, stamp)) >= state.KeyTTL {
+		return "", false
+	}
+	return id, true
+}
+
+// replay answers a request with the receipt of the operation id it
+// repeats (same node and action), never running it again: it waits while
+// the operation runs on this leader, and up to ReplayWait (bounded by
+// ctx) for a result that may still come for an unknown one.
+func (r *Runner) replay(ctx context.Context, id string, req Request) (api.Receipt, *agentsvc.ConsoleStream, error) {
+	settle := time.NewTimer(r.cfg.ReplayWait)
+	defer settle.Stop()
+	for {
+		rec, ok := r.Receipt(id)
+		r.mu.Lock()
+		what, running := r.reserved[id]
+		r.mu.Unlock()
+		if !ok && !running {
+			return api.Receipt{}, nil, fmt.Errorf("%w: %s is held by no recorded operation", ErrOperationID, id)
+		}
+		if running && what != tag(req.Node, req.Action) {
+			return api.Receipt{}, nil, fmt.Errorf("%w: %s is another operation, running", ErrOperationID, id)
+		}
+		if ok && (rec.Node != req.Node || rec.Action != req.Action) {
+			return api.Receipt{}, nil, fmt.Errorf("%w: %s is another operation (%s on %s)", ErrOperationID, id, rec.Action, rec.Node)
+		}
+		if ok && rec.Outcome != api.OutcomeUnknown || ok && !running && settled(settle) {
+			r.logger.Info("operation repeated: answered with its receipt", "id", id, "node", rec.Node, "action", rec.Action, "outcome", rec.Outcome)
+			return rec, nil, failureOf(rec)
+		}
+		select {
+		case <-ctx.Done():
+			if ok {
+				return rec, nil, failureOf(rec)
+			}
+			return api.Receipt{ID: id, Node: req.Node, Action: req.Action, Outcome: api.OutcomeUnknown}, nil,
+				&Failure{Class: "outcome_unknown", Message: "the operation " + id + " is still running; look it up by its receipt id"}
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+}
+
+// settled reports whether t fired.
+func settled(t *time.Timer) bool {
+	select {
+	case <-t.C:
+		return true
+	default:
+		return false
+	}
+}
+
+// failureOf is the error a receipt answers with (nil when ok).
+func failureOf(rec api.Receipt) error {
+	switch rec.Outcome {
+	case api.OutcomeOK:
+		return nil
+	case api.OutcomeUnknown:
+		msg := rec.Error
+		if msg == "" {
+			msg = "operation outcome unknown"
+		}
+		return &Failure{Class: "outcome_unknown", Message: msg + "; look the operation up by its receipt id " + rec.ID}
+	}
+	return &Failure{Class: rec.ErrorClass, Message: rec.Error}
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -270,8 +496,10 @@ func powerReport(res *agentpb.OperationResult) (string, []api.Observation) {
 func (r *Runner) remember(rec api.Receipt) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if _, ok := r.recent[rec.ID]; !ok {
+		r.order = append(r.order, rec.ID)
+	}
 	r.recent[rec.ID] = rec
-	r.order = append(r.order, rec.ID)
 	if len(r.order) > r.cfg.Keep {
 		delete(r.recent, r.order[0])
 		r.order = r.order[1:]
@@ -281,24 +509,28 @@ func (r *Runner) remember(rec api.Receipt) {
 // record keeps the receipt of an operation that changed something in the
 // replicated audit trail before the caller sees it, so it can be looked up
 // on any member after a leader change. Reads (status, identity) and
-// consoles are not recorded.
-func (r *Runner) record(rec api.Receipt) {
+// consoles are not recorded (nil). The idempotency key, if any, was taken
+// by the record made before sending; a failure before that holds none, so
+// a retry runs.
+func (r *Runner) record(rec api.Receipt) error {
 	if !changes(rec.Action) || r.audit == nil {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := r.recordReceipt(ctx, rec); err != nil {
-		r.logger.Warn("operation receipt not recorded", "id", rec.ID, "err", err)
+	err := r.recordReceipt(ctx, rec, "")
+	if err != nil {
+		r.logger.Warn("operation receipt not recorded; the agent keeps the result for the next leader", "id", rec.ID, "err", err)
 	}
+	return err
 }
 
-func (r *Runner) recordReceipt(ctx context.Context, rec api.Receipt) error {
+func (r *Runner) recordReceipt(ctx context.Context, rec api.Receipt, key string) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	_, err = r.audit.Apply(ctx, state.RecordOperation{ID: rec.ID, Receipt: b})
+	_, err = r.audit.Apply(ctx, state.RecordOperation{ID: rec.ID, Receipt: b, Key: key, StampUnixNano: time.Now().UnixNano()})
 	return err
 }
 
@@ -306,11 +538,15 @@ func (r *Runner) recordReceipt(ctx context.Context, rec api.Receipt) error {
 // id or is taken.
 var ErrOperationID = errors.New("operation id refused")
 
+// errTaken: the given id is running or recorded (the caller may be a
+// retry of that operation).
+var errTaken = fmt.Errorf("%w: the id is in use", ErrOperationID)
+
 // reserve takes an operation id for a running operation, atomically: the
-// given one (refused with ErrOperationID when invalid or taken by a
-// running operation or a receipt), or a fresh one when id is empty. The
-// caller unreserves it when the operation's receipt is remembered.
-func (r *Runner) reserve(id string) (string, error) {
+// given one (ErrOperationID when invalid, errTaken when running or with a
+// receipt), or a fresh one when id is empty. The caller unreserves it when
+// the operation's receipt is remembered.
+func (r *Runner) reserve(id, what string) (string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if id != "" {
@@ -318,19 +554,22 @@ func (r *Runner) reserve(id string) (string, error) {
 			return "", fmt.Errorf("%w: %q is not an operation id", ErrOperationID, id)
 		}
 		if r.takenLocked(id) {
-			return "", fmt.Errorf("%w: %s is already in use", ErrOperationID, id)
+			return "", errTaken
 		}
-		r.reserved[id] = true
+		r.reserved[id] = what
 		return id, nil
 	}
 	for {
 		id = agentsvc.NewOperationID()
 		if !r.takenLocked(id) {
-			r.reserved[id] = true
+			r.reserved[id] = what
 			return id, nil
 		}
 	}
 }
+
+// tag names what a reserved id runs.
+func tag(node, action string) string { return node + "\x00" + action }
 
 func (r *Runner) unreserve(id string) {
 	r.mu.Lock()
@@ -340,7 +579,7 @@ func (r *Runner) unreserve(id string) {
 
 // takenLocked reports whether an id is running, remembered or recorded.
 func (r *Runner) takenLocked(id string) bool {
-	if r.reserved[id] {
+	if _, ok := r.reserved[id]; ok {
 		return true
 	}
 	if _, ok := r.recent[id]; ok {
@@ -351,21 +590,20 @@ func (r *Runner) takenLocked(id string) bool {
 }
 
 // RecordLate completes the recorded receipt of an operation whose result
-// arrived after the coordinator that sent it was lost (an agent keeps such
-// results and sends them on its next link). Results for operations that
-// were not recorded, or whose receipt already has an outcome, are ignored.
+// arrived after its sender gave up or was lost (an agent keeps results
+// until they are acknowledged and re-sends them on every new link).
+// Results for operations that were not recorded, or whose receipt already
+// has an outcome, are only acknowledged.
 func (r *Runner) RecordLate(agent string, res *agentpb.OperationResult) {
-	raw, ok := r.nodes.Audit(res.Id)
-	if !ok {
-		return
-	}
-	var rec api.Receipt
-	if json.Unmarshal(raw, &rec) != nil || rec.Outcome != api.OutcomeUnknown {
+	rec, ok := r.recorded(res.Id)
+	if !ok || rec.Outcome != api.OutcomeUnknown {
+		r.ack(agentsvc.Result{OperationResult: res, Agent: agent})
 		return
 	}
 	rec.Agent, rec.FinishedAt = agent, time.Now().UTC()
 	rec.Timings = append(rec.Timings, api.Timing{Hop: "agent", DurationMS: ms(time.Duration(res.AgentNs))}, api.Timing{Hop: "plugin", DurationMS: ms(time.Duration(res.PluginNs))})
 	rec.Outcome, rec.ErrorClass, rec.Error = api.OutcomeOK, "", ""
+	rec.State, rec.RawState, rec.Identity = res.PowerState, res.RawState, res.Identity
 	rec.Detail, rec.Observed = powerReport(res)
 	if !res.Ok {
 		rec.Outcome, rec.ErrorClass, rec.Error = api.OutcomeFailed, res.ErrorClass, res.ErrorMessage
@@ -375,16 +613,106 @@ func (r *Runner) RecordLate(agent string, res *agentpb.OperationResult) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := r.recordReceipt(ctx, rec); err != nil {
-		r.logger.Warn("late operation result not recorded", "id", rec.ID, "err", err)
+	if err := r.recordReceipt(ctx, rec, ""); err != nil {
+		r.logger.Warn("late operation result not recorded; the agent keeps it", "id", rec.ID, "err", err)
 		return
 	}
+	r.ack(agentsvc.Result{OperationResult: res, Agent: agent})
 	r.mu.Lock()
 	if _, ok := r.recent[rec.ID]; ok {
 		r.recent[rec.ID] = rec // this coordinator ran it: its remembered receipt is stale
 	}
 	r.mu.Unlock()
 	r.logger.Info("late operation result recorded", "id", rec.ID, "node", rec.Node, "outcome", rec.Outcome, "agent", agent)
+}
+
+// ResolveUnknown asks agents about the recorded operations whose receipts
+// are "unknown" with no result from their agent (the sender was lost, or
+// gave up), except those running on this leader. Only agents connected to
+// this leader are asked (agent, when set, limits it to one). Their
+// answers come back through RecordFates; results they still keep, through
+// RecordLate.
+func (r *Runner) ResolveUnknown(agent string) {
+	k, ok := r.nodes.(Keys)
+	a, ok2 := r.disp.(Acker)
+	if !ok || !ok2 {
+		return
+	}
+	type q struct {
+		ids  []string
+		sent []time.Time
+	}
+	byAgent := map[string]*q{}
+	for _, id := range k.AuditUnknown() {
+		rec, ok := r.recorded(id)
+		r.mu.Lock()
+		_, running := r.reserved[id]
+		skip := running || r.forgot[id] != ""
+		r.mu.Unlock()
+		if !ok || skip || rec.Agent == "" || (agent != "" && rec.Agent != agent) || hasResult(rec) {
+			continue
+		}
+		x := byAgent[rec.Agent]
+		if x == nil {
+			x = &q{}
+			byAgent[rec.Agent] = x
+		}
+		if len(x.ids) < 512 {
+			x.ids, x.sent = append(x.ids, id), append(x.sent, rec.StartedAt)
+		}
+	}
+	for ag, x := range byAgent {
+		if err := a.QueryFate(ag, x.ids, x.sent); err == nil {
+			r.logger.Debug("asked an agent the fate of unresolved operations", "agent", ag, "operations", len(x.ids))
+		}
+	}
+}
+
+// hasResult reports whether a receipt was completed from an agent's
+// result (it has the agent's timing): its "unknown" is the driver's own,
+// which no agent can resolve.
+func hasResult(rec api.Receipt) bool {
+	for _, t := range rec.Timings {
+		if t.Hop == "agent" {
+			return true
+		}
+	}
+	return false
+}
+
+// RecordFates records an agent's answers about unresolved operations: one
+// it never began (and now refuses for good) fails with class
+// "not_started"; one it ran but no longer remembers is not asked about
+// again; results still kept arrive through RecordLate.
+func (r *Runner) RecordFates(agent string, fates []*agentpb.Fate) {
+	for _, f := range fates {
+		switch f.State {
+		case "forgotten":
+			r.mu.Lock()
+			if len(r.forgot) > 8192 {
+				clear(r.forgot)
+			}
+			r.forgot[f.Id] = agent
+			r.mu.Unlock()
+			r.logger.Warn("an agent no longer knows the outcome of an operation; its receipt stays unknown", "id", f.Id, "agent", agent)
+		case "never_run":
+			rec, ok := r.recorded(f.Id)
+			if !ok || rec.Outcome != api.OutcomeUnknown || rec.Agent != agent || hasResult(rec) {
+				continue
+			}
+			rec.Outcome, rec.ErrorClass = api.OutcomeFailed, "not_started"
+			rec.Error = "the agent never began the operation (the coordinator that sent it was lost first) and will not run it"
+			rec.FinishedAt = time.Now().UTC()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err := r.recordReceipt(ctx, rec, "")
+			cancel()
+			if err != nil {
+				r.logger.Warn("operation fate not recorded", "id", f.Id, "err", err)
+				continue
+			}
+			r.logger.Info("unresolved operation resolved: never started", "id", f.Id, "node", rec.Node, "agent", agent)
+		}
+	}
 }
 
 // changes reports whether an action changes something (and so is
@@ -411,21 +739,28 @@ func ValidOperationID(s string) bool {
 	return true
 }
 
-// Receipt returns a receipt by id: a recent one from memory, else a
-// recorded one from the replicated audit trail.
-func (r *Runner) Receipt(id string) (api.Receipt, bool) {
-	r.mu.Lock()
-	rec, ok := r.recent[id]
-	r.mu.Unlock()
-	if ok {
-		return rec, true
-	}
+// recorded returns a receipt from the replicated audit trail.
+func (r *Runner) recorded(id string) (api.Receipt, bool) {
 	raw, ok := r.nodes.Audit(id)
 	if !ok {
 		return api.Receipt{}, false
 	}
+	var rec api.Receipt
 	if err := json.Unmarshal(raw, &rec); err != nil {
 		return api.Receipt{}, false
 	}
 	return rec, true
+}
+
+// Receipt returns a receipt by id: the recorded one from the replicated
+// audit trail (what every member answers), else a recent one from memory
+// (reads and consoles, on the leader that ran them).
+func (r *Runner) Receipt(id string) (api.Receipt, bool) {
+	if rec, ok := r.recorded(id); ok {
+		return rec, true
+	}
+	r.mu.Lock()
+	rec, ok := r.recent[id]
+	r.mu.Unlock()
+	return rec, ok
 }

@@ -373,9 +373,23 @@ func (s *Store) ID() string { return s.cfg.ID }
 // IsLeader reports whether this server is the leader now.
 func (s *Store) IsLeader() bool { return s.raft.State() == raft.Leader }
 
-// Leader returns the leader's Raft address and id, empty if unknown.
+// LeaderFresh is how recently a follower must have heard from the leader
+// to name it. Raft's own idea of the leader outlives a dead leader until
+// the election timeout (1-2 s); in that window forwarding to it or
+// pointing agents at it only fails, so a stale leader is no leader.
+const LeaderFresh = 500 * time.Millisecond
+
+// Leader returns the leader's Raft address and id, empty if unknown: a
+// follower names only a leader it has heard from within LeaderFresh (in
+// the current term, since a vote clears Raft's leader).
 func (s *Store) Leader() (addr, id string) {
 	a, i := s.raft.LeaderWithID()
+	if a == "" || s.raft.State() == raft.Leader {
+		return string(a), string(i)
+	}
+	if lc := s.raft.LastContact(); lc.IsZero() || time.Since(lc) > LeaderFresh {
+		return "", ""
+	}
 	return string(a), string(i)
 }
 
