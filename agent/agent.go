@@ -95,6 +95,7 @@ type Agent struct {
 	relayNext  *agentpb.RelayConfig // the latest configuration not yet applied
 	relayKick  chan struct{}        // capacity 1: relayNext was set
 	relayVer   atomic.Uint64        // version of the configuration applied last
+	relayAck   chan struct{}        // capacity 1: a configuration was applied; report it now
 	sessMu     sync.Mutex
 	sessCancel context.CancelFunc // ends the current link (to announce a change)
 }
@@ -158,7 +159,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	logger = logger.With("agent", cfg.ID)
-	a := &Agent{cfg: cfg, logger: logger, inflight: map[string]context.CancelFunc{}, relayKick: make(chan struct{}, 1),
+	a := &Agent{cfg: cfg, logger: logger, inflight: map[string]context.CancelFunc{}, relayKick: make(chan struct{}, 1), relayAck: make(chan struct{}, 1),
 		host: pluginhost.New(pluginhost.Config{Commands: cmds, RestartBackoff: cfg.Plugins.RestartBackoff.D()}, logger)}
 	if cfg.Relay.Enabled() {
 		r, err := relay.New(relay.Config{Listen: cfg.Relay.Listen, Advertise: cfg.Relay.Advertise,

@@ -54,6 +54,13 @@ func pluginCommand(name string) *exec.Cmd {
 // noRelay, an event relay on loopback reporting every 50 ms.
 func startRelayAgent(t *testing.T, dir, addr string, drivers []string, noRelay bool) *Agent {
 	t.Helper()
+	return startRelayAgentWith(t, dir, addr, drivers, noRelay, nil)
+}
+
+// startRelayAgentWith is startRelayAgent with the configuration passed
+// through edit.
+func startRelayAgentWith(t *testing.T, dir, addr string, drivers []string, noRelay bool, edit func(*Config)) *Agent {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.ID, cfg.Sites, cfg.Coordinators = "a1", []string{"s1"}, []string{addr}
 	cfg.TLS = TLSConfig{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "a1.pem"), KeyFile: filepath.Join(dir, "a1-key.pem")}
@@ -62,6 +69,9 @@ func startRelayAgent(t *testing.T, dir, addr string, drivers []string, noRelay b
 	cfg.PluginCommand = pluginCommand
 	if !noRelay {
 		cfg.Relay = RelayConfig{Listen: "127.0.0.1:0", DataDir: t.TempDir(), ReportInterval: 50 * time.Millisecond}
+	}
+	if edit != nil {
+		edit(&cfg)
 	}
 	a, err := New(cfg, logging.Discard())
 	if err != nil {
@@ -386,6 +396,41 @@ idle:
 	l.waitReport(t, "no nodes", func(r *agentpb.RelayReport) bool { return len(r.Nodes) == 0 && len(r.Subscribers) == 0 })
 	if code := post(t, client, url, eventBody("e3", "ResourceEvent.1.0.ResourceChanged")); code != http.StatusUnauthorized {
 		t.Fatalf("POST after the node was removed = %d, want 401", code)
+	}
+}
+
+// TestAgent_RelayConfigAcknowledged: every applied relay configuration is
+// acknowledged at once by a report carrying its version (the coordinator
+// creates a BMC subscription pointing at this relay only after that), also
+// when the totals did not change, and only after the relay took it: by the
+// time the acknowledgement arrives the node's token is accepted. Periodic
+// reports are off (an hour apart), so a late periodic report cannot pass
+// for the acknowledgement.
+func TestAgent_RelayConfigAcknowledged(t *testing.T) {
+	dir := pki(t)
+	f, addr := startFake(t, dir)
+	startRelayAgentWith(t, dir, addr, []string{"mock"}, false, func(c *Config) { c.Relay.ReportInterval = time.Hour })
+	l := accept(t, f, 3)
+	if first := l.waitReport(t, "the initial report", func(*agentpb.RelayReport) bool { return true }); first.ConfigVersion != 0 {
+		t.Fatalf("initial report acknowledges version %d, want 0 (nothing applied)", first.ConfigVersion)
+	}
+	client := pinnedClient(l.hello.RelayFingerprint)
+	url := l.hello.RelayUrl + "/redfish-events/v1/" + testToken + "/sid-1/1"
+	sub := startSubscriber(t)
+	for _, v := range []uint64{7, 8} { // 8 changes nothing but the version
+		sent := time.Now()
+		l.configure(t, relayConfig(v, sub.URL))
+		l.waitReport(t, fmt.Sprintf("version %d acknowledged", v), func(r *agentpb.RelayReport) bool { return r.ConfigVersion == v })
+		t.Logf("version %d acknowledged after %v", v, time.Since(sent))
+		if code := post(t, client, url, eventBody(fmt.Sprintf("e%d", v), "ResourceEvent.1.0.ResourceChanged")); code != http.StatusNoContent {
+			t.Fatalf("POST right after version %d was acknowledged = %d, want 204 (the token known)", v, code)
+		}
+	}
+	// A newer configuration without the node: acknowledged, token gone.
+	l.configure(t, &agentpb.RelayConfig{Version: 9})
+	l.waitReport(t, "version 9 acknowledged", func(r *agentpb.RelayReport) bool { return r.ConfigVersion == 9 })
+	if code := post(t, client, url, eventBody("e9", "ResourceEvent.1.0.ResourceChanged")); code != http.StatusUnauthorized {
+		t.Fatalf("POST after version 9 (node removed) was acknowledged = %d, want 401", code)
 	}
 }
 

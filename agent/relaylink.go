@@ -110,6 +110,12 @@ func (a *Agent) applyRelayConfigs(ctx context.Context) {
 		nodes := relayNodes(c)
 		a.relay.SetNodes(nodes)
 		a.relayVer.Store(c.Version)
+		// The coordinator creates a BMC subscription pointing here only
+		// once this version (with the node's token) is acknowledged.
+		select {
+		case a.relayAck <- struct{}{}:
+		default:
+		}
 		subs := 0
 		for _, n := range nodes {
 			subs += len(n.Subscribers)
@@ -150,8 +156,9 @@ func relayNodes(c *agentpb.RelayConfig) []relay.Node {
 }
 
 // reportRelay sends the relay's totals on one link: at once, then every
-// report interval when they changed, and with every batch of notices. A
-// failed send ends the link (fail).
+// report interval when they changed, with every batch of notices, and at
+// once after a relay configuration was applied (the report acknowledges its
+// version). A failed send ends the link (fail).
 func (a *Agent) reportRelay(ctx context.Context, send func(*agentpb.AgentMessage) error, fail context.CancelFunc) {
 	every := a.cfg.Relay.ReportInterval
 	if every <= 0 {
@@ -170,6 +177,7 @@ func (a *Agent) reportRelay(ctx context.Context, send func(*agentpb.AgentMessage
 			dropped = st.WatchDropped
 		}
 		r := relayReport(st)
+		r.ConfigVersion = a.relayVer.Load()
 		if len(ns) == 0 && last != nil && proto.Equal(r, last) {
 			return true
 		}
@@ -209,6 +217,10 @@ func (a *Agent) reportRelay(ctx context.Context, send func(*agentpb.AgentMessage
 				}
 			}
 			if !report(ns) {
+				return
+			}
+		case <-a.relayAck:
+			if !report(nil) {
 				return
 			}
 		case <-t.C:

@@ -316,8 +316,9 @@ func (h *relayHooks) event(agentID string, e *agentpb.RelayEvent) {
 // eventAgents lists the connected agents for the event reconciler.
 func eventAgents(svc *agentsvc.Service) []events.Agent {
 	var out []events.Agent
+	acked := svc.RelayConfigVersions()
 	for _, a := range svc.Connected() {
-		out = append(out, events.Agent{ID: a.ID, Sites: a.Sites, Healthy: a.Healthy, RelayURL: a.RelayURL})
+		out = append(out, events.Agent{ID: a.ID, Sites: a.Sites, Healthy: a.Healthy, RelayURL: a.RelayURL, RelayConfigVersion: acked[a.ID]})
 	}
 	return out
 }

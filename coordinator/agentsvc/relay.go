@@ -46,19 +46,30 @@ func checkRelay(rawURL, fingerprint string) error {
 	return nil
 }
 
+// relayAck is the version of the relay configuration an agent's relay
+// acknowledged (RelayReport.config_version) on one link; a new link starts
+// at zero, so a restarted agent never passes for one that applied a
+// configuration before.
+type relayAck struct{ v atomic.Uint64 }
+
 // relayInbox queues an agent's relay reports and events for the callbacks,
 // so a slow callback never holds the link's receive loop (which also
-// carries operation results).
+// carries operation results). It records each report's acknowledgement on
+// the link before queueing it: a callback woken by the report sees it.
 type relayInbox struct {
-	ch      chan *agentpb.AgentMessage
+	ch      chan *agentpb.AgentMessage // nil when no callback is set
 	dropped atomic.Uint64
 	s       *Service
-	agent   string
+	c       *conn
 }
 
-// put queues m, or drops it when the queue is full.
+// put records a report's acknowledgement and queues m, or drops it when
+// the queue is full.
 func (in *relayInbox) put(m *agentpb.AgentMessage) {
-	if in == nil {
+	if r := m.GetRelayReport(); r != nil {
+		in.c.relayAcked.v.Store(r.ConfigVersion)
+	}
+	if in.ch == nil {
 		return
 	}
 	select {
@@ -66,7 +77,7 @@ func (in *relayInbox) put(m *agentpb.AgentMessage) {
 	default:
 		// Logged at 1, 2, 4, 8... drops: visible, never a flood.
 		if n := in.dropped.Add(1); n&(n-1) == 0 {
-			in.s.logger.Warn("relay messages from an agent dropped: the event service is not keeping up", "agent", in.agent, "dropped", n)
+			in.s.logger.Warn("relay messages from an agent dropped: the event service is not keeping up", "agent", in.c.id, "dropped", n)
 		}
 	}
 }
@@ -76,9 +87,9 @@ func (in *relayInbox) put(m *agentpb.AgentMessage) {
 // of its configuration. Both end with ctx (the link); the service owns
 // them (Wait).
 func (s *Service) startRelay(ctx context.Context, c *conn) *relayInbox {
-	var in *relayInbox
+	in := &relayInbox{s: s, c: c}
 	if s.cfg.OnRelayReport != nil || s.cfg.OnRelayEvent != nil {
-		in = &relayInbox{ch: make(chan *agentpb.AgentMessage, relayInboxSize), s: s, agent: c.id}
+		in.ch = make(chan *agentpb.AgentMessage, relayInboxSize)
 		s.bg.Go(func() {
 			for {
 				select {
@@ -156,6 +167,23 @@ func (s *Service) PushRelayConfig() {
 		default:
 		}
 	}
+}
+
+// RelayConfigVersions maps each connected agent that runs a relay to the
+// version of the relay configuration it acknowledged on its current link
+// (0 before its first acknowledgement). The event service creates a BMC
+// subscription pointing at an agent's relay only once that agent
+// acknowledged a configuration holding the node's token.
+func (s *Service) RelayConfigVersions() map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]uint64, len(s.conns))
+	for _, c := range s.conns {
+		if c.relayURL != "" {
+			out[c.id] = c.relayAcked.v.Load()
+		}
+	}
+	return out
 }
 
 // Wait returns when every goroutine the service started for links that

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -414,5 +416,84 @@ func TestDispatchTo(t *testing.T) {
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("DispatchTo(unknown) took %v; it must not wait for the agent", d)
+	}
+}
+
+// TestRelay_AcknowledgedVersionPerLink: the relay configuration version an
+// agent acknowledges in its reports is visible (RelayConfigVersions) by the
+// time the report callback runs, also while the callback is stalled (the
+// acknowledgement is not queued behind it), and a new link of the same
+// agent starts at zero (a restarted agent has applied nothing yet).
+func TestRelay_AcknowledgedVersionPerLink(t *testing.T) {
+	seen := make(chan uint64, 64)
+	stall := make(chan struct{})
+	var svc *Service
+	l := newLink(t, Config{Heartbeat: 100 * time.Millisecond, AgentWait: time.Second,
+		OnRelayReport: func(agent string, r *agentpb.RelayReport) {
+			if r.ConfigVersion == 6 {
+				<-stall
+			}
+			seen <- svc.RelayConfigVersions()[agent]
+		}})
+	svc = l.svc
+	a, err := l.dialRelay("agent-r", "https://10.0.0.5:8443", "", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.dial(l.agentCert("agent-plain", "s1"), "agent-plain", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	waitRelay(t, "both agents connected", func() bool { return len(l.svc.Connected()) == 2 })
+	if v, ok := l.svc.RelayConfigVersions()["agent-r"]; !ok || v != 0 {
+		t.Fatalf("before any report: %v, want agent-r at 0", l.svc.RelayConfigVersions())
+	}
+	if _, ok := l.svc.RelayConfigVersions()["agent-plain"]; ok {
+		t.Errorf("an agent without a relay is listed: %v", l.svc.RelayConfigVersions())
+	}
+	report := func(a *relayAgent, v uint64) {
+		t.Helper()
+		if err := a.send(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_RelayReport{RelayReport: &agentpb.RelayReport{ConfigVersion: v}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report(a, 5)
+	select {
+	case v := <-seen:
+		if v != 5 {
+			t.Fatalf("the report callback saw version %d acknowledged, want 5", v)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("report callback not called")
+	}
+	// The callback stalls on version 6: version 7 is recorded anyway.
+	report(a, 6)
+	report(a, 7)
+	waitRelay(t, "version 7 acknowledged while the callback stalls", func() bool { return l.svc.RelayConfigVersions()["agent-r"] == 7 })
+	close(stall)
+
+	// The same agent on a new link (a restart) starts over.
+	os.Remove(filepath.Join(l.dir, "agent-r.pem"))
+	os.Remove(filepath.Join(l.dir, "agent-r-key.pem"))
+	b, err := l.dialRelay("agent-r", "https://10.0.0.5:8443", "", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRelay(t, "the new link registered", func() bool {
+		v, ok := l.svc.RelayConfigVersions()["agent-r"]
+		return ok && v == 0
+	})
+	report(b, 9)
+	waitRelay(t, "version 9 acknowledged on the new link", func() bool { return l.svc.RelayConfigVersions()["agent-r"] == 9 })
+}
+
+// waitRelay polls cond every 5 ms until it holds, failing after 10 s.
+func waitRelay(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

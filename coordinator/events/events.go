@@ -113,6 +113,11 @@ type Agent struct {
 	// RelayURL is the base URL of the agent's event relay; empty when it
 	// runs none.
 	RelayURL string
+	// RelayConfigVersion is the version of the relay configuration the
+	// agent acknowledged on its current link (RelayReport.config_version;
+	// 0 before any). A BMC subscription is pointed at its relay only once
+	// it acknowledged a configuration holding the node's token.
+	RelayConfigVersion uint64
 }
 
 // Event actions on the agent link.
@@ -175,6 +180,10 @@ type Config struct {
 	// PushInterval is the least time between two relay configuration
 	// pushes (250ms).
 	PushInterval time.Duration
+	// RelayAckTimeout bounds how long a relay-mode create waits for the
+	// target agent to acknowledge a relay configuration holding the
+	// node's token (10s); past it the create is retried later.
+	RelayAckTimeout time.Duration
 	// CapsTTL is how long a BMC's event capabilities are cached (1h).
 	CapsTTL time.Duration
 	// NoticeGap is the least time between two verifications of one node
@@ -206,6 +215,7 @@ func (c *Config) defaults() {
 	def(&c.ScanInterval, time.Second)
 	def(&c.CounterInterval, 5*time.Second)
 	def(&c.PushInterval, 250*time.Millisecond)
+	def(&c.RelayAckTimeout, 10*time.Second)
 	def(&c.CapsTTL, time.Hour)
 	def(&c.NoticeGap, 30*time.Second)
 	def(&c.LeaderPoll, time.Second)
@@ -245,6 +255,11 @@ type Service struct {
 
 	kick chan struct{}
 
+	// acked is closed and replaced when an agent reports (its relay
+	// configuration acknowledgement may have moved).
+	ackMu sync.Mutex
+	acked chan struct{}
+
 	mu  sync.Mutex
 	rec *reconciler // while leading
 	// recChanged is closed and replaced when rec changes.
@@ -255,7 +270,7 @@ type Service struct {
 func New(cfg Config, st Store, keys Keyring, runner Runner, logger *slog.Logger) *Service {
 	cfg.defaults()
 	s := &Service{cfg: cfg, store: st, keys: keys, runner: runner, logger: logger.With("component", "events"),
-		hub: newHub(), kick: make(chan struct{}, 1), recChanged: make(chan struct{})}
+		hub: newHub(), kick: make(chan struct{}, 1), recChanged: make(chan struct{}), acked: make(chan struct{})}
 	s.counters = newCounters()
 	s.push = newPusher(cfg.PushInterval, cfg.PushRelayConfig)
 	s.bucket = newBucket(cfg.RateQPS, cfg.RateBurst, nil)

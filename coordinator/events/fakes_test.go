@@ -363,16 +363,48 @@ func (r *fakeRunner) Relay(ctx context.Context, agents []string, action string, 
 	return out, nil
 }
 
-// fakeAgents is the set of connected agents.
+// fakeAgents is the set of connected agents. Each acknowledges the relay
+// configuration version in acked (the agent link's RelayConfigVersions);
+// deaf agents never acknowledge one.
 type fakeAgents struct {
 	mu     sync.Mutex
 	agents []Agent
+	acked  map[string]uint64
+	deaf   map[string]bool
 }
 
 func (f *fakeAgents) list() []Agent {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return slices.Clone(f.agents)
+	out := slices.Clone(f.agents)
+	for i := range out {
+		out[i].RelayConfigVersion = f.acked[out[i].ID]
+	}
+	return out
+}
+
+// ack records that agent applied relay configuration version v (unless it
+// is deaf); it reports whether it did.
+func (f *fakeAgents) ack(agent string, v uint64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.deaf[agent] {
+		return false
+	}
+	if f.acked == nil {
+		f.acked = map[string]uint64{}
+	}
+	f.acked[agent] = v
+	return true
+}
+
+func (f *fakeAgents) setDeaf(agent string, deaf bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.deaf == nil {
+		f.deaf = map[string]bool{}
+	}
+	f.deaf[agent] = deaf
 }
 
 func (f *fakeAgents) set(a ...Agent) {
@@ -454,7 +486,18 @@ func newEnv(t testing.TB, cfg Config) *env {
 
 func (e *env) build(cfg Config) {
 	cfg.Agents = e.agents.list
-	cfg.PushRelayConfig = func() { e.pushes.Add(1) }
+	// A push reaches every relay agent, which applies it and acknowledges
+	// its version in a report, as the agent link does. The version is what
+	// RelayConfig puts in it: the state's index when it is built.
+	cfg.PushRelayConfig = func() {
+		e.pushes.Add(1)
+		v := e.store.State().Index()
+		for _, a := range e.agents.list() {
+			if a.RelayURL != "" && e.agents.ack(a.ID, v) {
+				e.svc.reported()
+			}
+		}
+	}
 	logger := slog.New(slog.NewTextHandler(io.MultiWriter(e.logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e.svc = New(cfg, e.store, e.keys, e.runner, logger)
 }

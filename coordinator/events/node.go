@@ -86,7 +86,6 @@ type nodeRun struct {
 
 	failed  bool
 	retry   time.Duration
-	pushSeq uint64
 	secrets []string
 }
 
@@ -309,7 +308,7 @@ func (run *nodeRun) newRelayRecord() (*state.BMCSub, error) {
 		return nil, err
 	}
 	run.bsubs[b.ID] = b
-	run.pushSeq = run.r.s.push.request()
+	run.r.s.push.request()
 	run.r.logger.Info("relay subscription recorded", "node", run.node.Name, "sid", sid, "agent", agent)
 	return b, nil
 }
@@ -339,7 +338,7 @@ func (run *nodeRun) planRelay(b *state.BMCSub) error {
 		if err := run.put(b, b.AttemptID, false); err != nil {
 			return err
 		}
-		run.pushSeq = run.r.s.push.request()
+		run.r.s.push.request()
 		if old != "" {
 			run.r.logger.Info("relay subscription re-pointed at another agent", "node", run.node.Name, "sid", b.ID, "from", old, "to", id, "gen", b.Gen)
 		}
@@ -971,11 +970,18 @@ const (
 // posting again.
 func (run *nodeRun) create(ls *liveSub) createResult {
 	b := ls.b
-	if ls.relay && run.pushSeq > 0 {
-		// The relay must know the node's token before the BMC posts.
-		wctx, cancel := context.WithTimeout(run.ctx, 2*time.Second)
-		run.r.s.push.wait(wctx, run.pushSeq)
-		cancel()
+	if ls.relay {
+		// The relay must know the node's token before the BMC posts its
+		// first event (else: 401, and a BMC that gives up on it): its
+		// agent must have acknowledged a configuration holding it.
+		if !run.r.s.waitRelayAck(run.ctx, b.Agent, run.createIndex(b)) {
+			if run.ctx.Err() != nil {
+				ls.done = true
+				return crFailed
+			}
+			run.fail(ls, "no_agent", fmt.Sprintf("the relay agent %q has not acknowledged the relay configuration with this node's token yet", b.Agent))
+			return crFailed
+		}
 	}
 	prev := b.AttemptID
 	b.AttemptID, b.AttemptUnixNano = newAttemptID(), time.Now().UnixNano()
@@ -1044,6 +1050,20 @@ func (run *nodeRun) create(ls *liveSub) createResult {
 	}
 	run.fail(ls, c, run.msg(err))
 	return crFailed
+}
+
+// createIndex is the Raft index at which b's record (and so its relay
+// token) was created; the state's current index when it cannot be read
+// (a conservative bound: every configuration built after it holds the
+// token).
+func (run *nodeRun) createIndex(b *state.BMCSub) uint64 {
+	st := run.r.s.store.State()
+	for _, x := range st.BMCSubs(run.node.Name) {
+		if x.ID == b.ID && x.CreateIndex > 0 {
+			return x.CreateIndex
+		}
+	}
+	return st.Index()
 }
 
 // relist lists the BMC again after an ambiguous create and adopts the

@@ -779,3 +779,73 @@ func TestNoRelayAgent(t *testing.T) {
 		t.Fatalf("ipmi: %+v", s.Status)
 	}
 }
+
+// A relay-mode BMC subscription is created only once its agent
+// acknowledged a relay configuration holding the node's token: before,
+// the BMC's first event would be refused (401) by a relay that does not
+// know the token. An agent that does not acknowledge (within
+// RelayAckTimeout) gets no create, and the status says why; once it does,
+// the BMC is given exactly the token of the configuration it
+// acknowledged. A re-create (the BMC rebooted) for an agent whose link
+// restarted (acknowledgement back to 0) waits again, and asks for a push
+// itself.
+func TestRelayCreateWaitsForTheAgentsAck(t *testing.T) {
+	cfg := testConfig()
+	cfg.RelayAckTimeout = 100 * time.Millisecond
+	e := newEnv(t, cfg)
+	e.agents.setDeaf("agent-1", true)
+	bmc := e.node("n1", "redfish")
+	e.start()
+	id := e.create(relaySpec("n1"))
+	waitFor(t, "the create held for the acknowledgement", func() bool {
+		s := e.sub(id)
+		return s.Status.ErrorClass == "no_agent" && strings.Contains(s.Status.ErrorMessage, "acknowledged") && s.Status.ErrorCount >= 2
+	})
+	if n := bmc.count(ActSubscribe); n != 0 {
+		t.Fatalf("%d creates on the BMC before the relay agent acknowledged the node's token", n)
+	}
+	if st := e.sub(id).Status.State; st != state.SubPending {
+		t.Errorf("state %s while waiting for the relay agent, want pending", st)
+	}
+
+	// The agent applies the configuration the service builds for it.
+	rc, err := e.svc.RelayConfig("agent-1", []string{"default"})
+	if err != nil || len(rc.Nodes) != 1 || rc.Nodes[0].Name != "n1" {
+		t.Fatalf("relay configuration %v, %v; want node n1", rc, err)
+	}
+	token := rc.Nodes[0].Token
+	e.agents.setDeaf("agent-1", false)
+	e.agents.ack("agent-1", rc.Version)
+	e.svc.reported()
+	e.waitState(id, state.SubActive)
+	b, _ := e.bmcsub(id)
+	m := oneOurs(t, bmc, b.ID)
+	if !strings.Contains(m.dest, RelayPathPrefix+token+"/") {
+		t.Fatalf("the BMC posts to %q, not with the token of the acknowledged configuration", redact(m.dest, token))
+	}
+
+	// The agent restarts (its new link has acknowledged nothing) and the
+	// BMC reboots: no re-create until the agent acknowledges again.
+	e.agents.setDeaf("agent-1", true)
+	e.agents.mu.Lock()
+	e.agents.acked["agent-1"] = 0
+	e.agents.mu.Unlock()
+	bmc.set(func(f *fakeBMC) { f.members = nil })
+	pushes := e.pushes.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e.svc.Verify(ctx, id)
+	if n := bmc.count(ActSubscribe); n != 1 {
+		t.Fatalf("%d creates, want still 1: re-created before the restarted agent acknowledged", n)
+	}
+	if e.pushes.Load() == pushes {
+		t.Error("the waiting create asked for no relay configuration push")
+	}
+	e.agents.setDeaf("agent-1", false)
+	e.agents.ack("agent-1", e.store.State().Index())
+	e.svc.reported()
+	waitFor(t, "re-created after the acknowledgement", func() bool { return len(bmc.ours(b.ID)) == 1 })
+	if n := bmc.count(ActSubscribe); n != 2 {
+		t.Fatalf("%d creates, want 2", n)
+	}
+}

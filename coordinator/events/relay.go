@@ -104,6 +104,7 @@ func (s *Service) OnRelayReport(agentID string, rep *agentpb.RelayReport) {
 		return
 	}
 	s.counters.report(agentID, rep)
+	s.reported()
 	for _, n := range rep.Notices {
 		if n == nil || n.Node == "" {
 			continue
@@ -113,6 +114,63 @@ func (s *Service) OnRelayReport(agentID string, rep *agentpb.RelayReport) {
 		s.mu.Unlock()
 		if r != nil {
 			r.notice(n.Node, n.Kind)
+		}
+	}
+}
+
+// reported wakes the creates waiting for an acknowledgement: an agent
+// reported, so its acknowledged version may have moved.
+func (s *Service) reported() {
+	s.ackMu.Lock()
+	close(s.acked)
+	s.acked = make(chan struct{})
+	s.ackMu.Unlock()
+}
+
+// ackChanged returns a channel closed at the next relay report.
+func (s *Service) ackChanged() <-chan struct{} {
+	s.ackMu.Lock()
+	defer s.ackMu.Unlock()
+	return s.acked
+}
+
+// relayAcked reports whether agent is connected, healthy and has
+// acknowledged a relay configuration of at least version.
+func (s *Service) relayAcked(agent string, version uint64) bool {
+	for _, a := range s.cfg.Agents() {
+		if a.ID == agent {
+			return a.Healthy && a.RelayURL != "" && a.RelayConfigVersion >= version
+		}
+	}
+	return false
+}
+
+// waitRelayAck waits (bounded by RelayAckTimeout and ctx) until agent has
+// acknowledged a relay configuration of at least version, asking for a
+// push if it has not yet. A configuration built at a version at or past a
+// relay BMC subscription's CreateIndex holds its node's token, so a BMC
+// told to post there is authenticated from its first event.
+func (s *Service) waitRelayAck(ctx context.Context, agent string, version uint64) bool {
+	if s.relayAcked(agent, version) {
+		return true
+	}
+	s.push.request()
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RelayAckTimeout)
+	defer cancel()
+	// Reports wake the wait; the ticker covers an agent list that changed
+	// without one.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ch := s.ackChanged()
+		if s.relayAcked(agent, version) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-ch:
+		case <-tick.C:
 		}
 	}
 }
@@ -313,49 +371,23 @@ func (s *Service) flushCounters(ctx context.Context) {
 }
 
 // pusher coalesces relay configuration pushes: at most one per interval,
-// and every request is followed by a push that starts after it.
+// and every request is followed by a push that starts after it. Whether an
+// agent applied a push is learned from its reports (waitRelayAck).
 type pusher struct {
 	interval time.Duration
 	fn       func()
-
-	mu        sync.Mutex
-	requested uint64
-	done      uint64
-	doneCh    chan struct{}
-	wake      chan struct{}
+	wake     chan struct{}
 }
 
 func newPusher(interval time.Duration, fn func()) *pusher {
-	return &pusher{interval: interval, fn: fn, doneCh: make(chan struct{}), wake: make(chan struct{}, 1)}
+	return &pusher{interval: interval, fn: fn, wake: make(chan struct{}, 1)}
 }
 
-// request asks for a push and returns its sequence number.
-func (p *pusher) request() uint64 {
-	p.mu.Lock()
-	p.requested++
-	seq := p.requested
-	p.mu.Unlock()
+// request asks for a push.
+func (p *pusher) request() {
 	select {
 	case p.wake <- struct{}{}:
 	default:
-	}
-	return seq
-}
-
-// wait waits until push seq is done, bounded by ctx.
-func (p *pusher) wait(ctx context.Context, seq uint64) error {
-	for {
-		p.mu.Lock()
-		done, ch := p.done, p.doneCh
-		p.mu.Unlock()
-		if done >= seq {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
 	}
 }
 
@@ -366,15 +398,7 @@ func (p *pusher) run(ctx context.Context) {
 			return
 		case <-p.wake:
 		}
-		p.mu.Lock()
-		target := p.requested
-		p.mu.Unlock()
 		p.fn()
-		p.mu.Lock()
-		p.done = target
-		close(p.doneCh)
-		p.doneCh = make(chan struct{})
-		p.mu.Unlock()
 		t := time.NewTimer(p.interval)
 		select {
 		case <-ctx.Done():
