@@ -1,8 +1,20 @@
 // Package cli implements obmesh's operator commands (node, power, boot,
-// agent list, operation) over the native API client. It imports only
-// coordinator/api from obmesh, so the CLI can never reach around the API.
-// It also defines Command, the small command tree the obmesh binary is
-// built from.
+// agent list, operation, console, status, ...) over the native API client.
+// It imports only coordinator/api from obmesh, so the CLI can never reach
+// around the API. It also defines Command, the small command tree the
+// obmesh binary is built from.
+//
+// Conventions every command keeps: -h, -help and --help print "Usage:"
+// and the command's full path, and exit 0; an error is one line on stderr,
+// "<full path>: <class>: <message>", the class first (an API error code
+// such as bmc_auth_failed, or usage, api_unreachable, tls, timeout,
+// interrupted); exit codes are 0 ok, 1 failed, 2 usage, 3 outcome unknown
+// (an operation that may or may not have been carried out: its receipt id
+// is printed, to look it up with obmesh operation show). An operation that
+// the CLI gives up waiting for (-timeout, Ctrl-C) is such an unknown
+// outcome: the coordinator names each operation before running it, so the
+// id is printed even then. Progress and spinners go to stderr, and only
+// when it is a terminal.
 package cli
 
 import (
@@ -18,6 +30,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"golang.org/x/term"
+
 	"github.com/obmesh/obmesh/coordinator/api"
 )
 
@@ -26,6 +40,12 @@ type Env struct {
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
 	Getenv         func(string) string
+	// Path is the running command's full path ("obmesh power on"), set by
+	// Execute; usage lines and error messages start with it.
+	Path string
+
+	// isTTY overrides terminal detection (tests).
+	isTTY func(io.Writer) bool
 }
 
 // OSEnv is the real process environment.
@@ -33,19 +53,57 @@ func OSEnv() Env {
 	return Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}
 }
 
-// Command is a node of the command tree. A leaf has Run; a group has Subs.
+// terminal reports whether w is a terminal (and TERM is not "dumb"): the
+// spinner and the console's raw mode are for people, not for pipes.
+func (e Env) terminal(w io.Writer) bool {
+	if e.isTTY != nil {
+		return e.isTTY(w)
+	}
+	f, ok := w.(*os.File)
+	if !ok || (e.Getenv != nil && e.Getenv("TERM") == "dumb") {
+		return false
+	}
+	return term.IsTerminal(int(f.Fd()))
+}
+
+// path is env.Path, or "obmesh" outside Execute.
+func (e Env) path() string {
+	if e.Path == "" {
+		return "obmesh"
+	}
+	return e.Path
+}
+
+// Command is a node of the command tree. A leaf has Run; a group has Subs
+// (and may have Run too, for arguments that name no subcommand).
 type Command struct {
 	Name     string
 	Synopsis string
 	// Run executes the command with the arguments after its name and
-	// returns the exit code.
+	// returns the exit code. env.Path is the command's full path. A Run
+	// must answer -h, -help and --help with its usage ("Usage: " and the
+	// full path) and exit code 0.
 	Run  func(ctx context.Context, env Env, args []string) int
 	Subs []*Command
 }
 
-// Execute dispatches args down the tree.
+// isHelp reports whether a is a request for help.
+func isHelp(a string) bool { return a == "-h" || a == "-help" || a == "--help" || a == "help" }
+
+// Execute dispatches args down the tree. A group answers "help", -h,
+// -help and --help with its usage on stdout (exit 0), and no arguments or
+// an unknown command with its usage on stderr (exit 2).
 func (c *Command) Execute(ctx context.Context, env Env, args []string) int {
-	if c.Run != nil && len(c.Subs) == 0 {
+	switch {
+	case env.Path == "":
+		env.Path = "obmesh"
+		if c.Name != "" {
+			env.Path += " " + c.Name
+		}
+	case c.Name != "":
+		env.Path += " " + c.Name
+	}
+	if len(c.Subs) == 0 {
 		return c.Run(ctx, env, args)
 	}
 	if len(args) > 0 {
@@ -54,26 +112,30 @@ func (c *Command) Execute(ctx context.Context, env Env, args []string) int {
 				return s.Execute(ctx, env, args[1:])
 			}
 		}
+		if isHelp(args[0]) {
+			c.usage(env, env.Stdout)
+			return 0
+		}
 		if c.Run != nil {
 			return c.Run(ctx, env, args)
 		}
-		if args[0] != "help" && args[0] != "-h" && args[0] != "--help" && args[0] != "-help" {
-			fmt.Fprintf(env.Stderr, "obmesh %s: unknown command %q\n\n", c.Name, args[0])
-			c.usage(env.Stderr)
-			return 2
-		}
-	} else if c.Run != nil {
-		return c.Run(ctx, env, args)
-	}
-	c.usage(env.Stdout)
-	if len(args) == 0 {
+		fmt.Fprintf(env.Stderr, "%s: usage: unknown command %q\n\n", env.Path, args[0])
+		c.usage(env, env.Stderr)
 		return 2
 	}
-	return 0
+	if c.Run != nil {
+		return c.Run(ctx, env, args)
+	}
+	c.usage(env, env.Stderr)
+	return 2
 }
 
-func (c *Command) usage(w io.Writer) {
-	fmt.Fprintf(w, "Usage: obmesh %s <command> [flags]\n\nCommands:\n", strings.TrimSpace(c.Name))
+func (c *Command) usage(env Env, w io.Writer) {
+	fmt.Fprintf(w, "Usage: %s <command> [arguments] [flags]\n", env.Path)
+	if c.Synopsis != "" && c.Name != "" {
+		fmt.Fprintf(w, "\n%s\n", c.Synopsis)
+	}
+	fmt.Fprintf(w, "\nCommands:\n")
 	subs := append([]*Command(nil), c.Subs...)
 	sort.Slice(subs, func(i, j int) bool { return subs[i].Name < subs[j].Name })
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -81,6 +143,59 @@ func (c *Command) usage(w io.Writer) {
 		fmt.Fprintf(tw, "  %s\t%s\n", s.Name, s.Synopsis)
 	}
 	tw.Flush()
+	fmt.Fprintf(w, "\nRun \"%s <command> -h\" for a command's arguments and flags.\n", env.Path)
+}
+
+// Walk calls fn for every command of the tree under c, depth first in the
+// order of Subs, with its path of names below c (nil for c itself).
+func (c *Command) Walk(fn func(path []string, cmd *Command)) {
+	var walk func(path []string, cmd *Command)
+	walk = func(path []string, cmd *Command) {
+		fn(path, cmd)
+		for _, s := range cmd.Subs {
+			walk(append(append([]string(nil), path...), s.Name), s)
+		}
+	}
+	walk(nil, c)
+}
+
+// NewFlagSet returns a flag set for a leaf command whose usage reads
+// "Usage: <full path> <argsUsage>", then about, then the flags. Errors
+// and usage go to stderr.
+func NewFlagSet(env Env, argsUsage, about string) *flag.FlagSet {
+	fs := flag.NewFlagSet(env.path(), flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(env.Stderr, "Usage: %s", env.path())
+		if argsUsage != "" {
+			fmt.Fprintf(env.Stderr, " %s", argsUsage)
+		}
+		fmt.Fprintln(env.Stderr)
+		if about != "" {
+			fmt.Fprintf(env.Stderr, "\n%s\n", about)
+		}
+		n := 0
+		fs.VisitAll(func(*flag.Flag) { n++ })
+		if n > 0 {
+			fmt.Fprintf(env.Stderr, "\nFlags:\n")
+			fs.PrintDefaults()
+		}
+	}
+	return fs
+}
+
+// ParseFlags parses a leaf's arguments with Parse. When the command must
+// stop, ok is false and code is the exit code: 0 when help was asked for,
+// 2 for a flag error (the flag package printed the usage either way).
+func ParseFlags(fs *flag.FlagSet, args []string) (pos []string, code int, ok bool) {
+	pos, err := Parse(fs, args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return nil, 0, false
+	case err != nil:
+		return nil, 2, false
+	}
+	return pos, 0, true
 }
 
 // Parse parses flags that may come before, between or after positional
@@ -104,18 +219,33 @@ func Parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// Usagef prints "<full path>: usage: <message>" and returns exit code 2.
+func Usagef(env Env, format string, args ...any) int {
+	fmt.Fprintf(env.Stderr, "%s: usage: %s\n", env.path(), termText(fmt.Sprintf(format, args...)))
+	return 2
+}
+
 // clientFlags are the flags every API command takes.
 type clientFlags struct {
 	addr, token, output string
 	timeout             time.Duration
 	tls                 TLSFiles
+	// deadline is when -timeout ends (set by apiCommand).
+	deadline time.Time
 }
 
 func (f *clientFlags) register(fs *flag.FlagSet, env Env) {
+	f.registerNoOutput(fs, env)
+	fs.StringVar(&f.output, "o", "table", "output format: table or json")
+}
+
+// registerNoOutput registers the client flags but -o (for commands with
+// no choice of output: console).
+func (f *clientFlags) registerNoOutput(fs *flag.FlagSet, env Env) {
+	f.output = "table"
 	fs.StringVar(&f.addr, "addr", env.Getenv("OBMESH_ADDR"), "coordinator API address (env OBMESH_ADDR)")
 	fs.StringVar(&f.token, "token", env.Getenv("OBMESH_TOKEN"), "admin token (env OBMESH_TOKEN)")
-	fs.StringVar(&f.output, "o", "table", "output format: table or json")
-	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "how long to wait for the answer")
+	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "how long to wait for the answer; an operation is given this long on the coordinator too (at most 5m)")
 	fs.StringVar(&f.tls.CA, "ca-file", env.Getenv("OBMESH_CACERT"), "CA certificate (PEM) that signed the API's certificate (env OBMESH_CACERT)")
 	fs.StringVar(&f.tls.Cert, "client-cert", env.Getenv("OBMESH_CLIENT_CERT"), "client certificate (PEM), if the API asks for one (env OBMESH_CLIENT_CERT)")
 	fs.StringVar(&f.tls.Key, "client-key", env.Getenv("OBMESH_CLIENT_KEY"), "the client certificate's key (env OBMESH_CLIENT_KEY)")
@@ -131,6 +261,9 @@ func (f *clientFlags) client() (*api.Client, error) {
 	if f.output != "table" && f.output != "json" {
 		return nil, fmt.Errorf("-o %q: use table or json", f.output)
 	}
+	if f.timeout <= 0 {
+		return nil, fmt.Errorf("-timeout %v: must be more than zero", f.timeout)
+	}
 	hc, err := NewHTTPClient(f.tls)
 	if err != nil {
 		return nil, err
@@ -143,64 +276,43 @@ func (f *clientFlags) client() (*api.Client, error) {
 }
 
 // apiCommand builds a leaf that parses client flags plus its own, checks
-// the positional count and runs fn with a client.
+// the positional count and runs fn with a client. nargs < 0 takes any
+// number of arguments. fn's context ends after -timeout or on an
+// interrupt; operations (runOp) take care to report the operation they
+// leave behind.
 func apiCommand(name, synopsis, argsUsage string, nargs int, extra func(fs *flag.FlagSet),
 	fn func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error) *Command {
 	return &Command{Name: name, Synopsis: synopsis, Run: func(ctx context.Context, env Env, args []string) int {
-		fs := flag.NewFlagSet(name, flag.ContinueOnError)
-		fs.SetOutput(env.Stderr)
+		fs := NewFlagSet(env, strings.TrimSpace(argsUsage+" [flags]"), synopsis)
 		var f clientFlags
 		f.register(fs, env)
 		if extra != nil {
 			extra(fs)
 		}
-		fs.Usage = func() {
-			fmt.Fprintf(env.Stderr, "Usage: obmesh %s %s [flags]\n\n%s\n\nFlags:\n", name, argsUsage, synopsis)
-			fs.PrintDefaults()
-		}
-		pos, err := Parse(fs, args)
-		if err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			return 2
+		pos, code, ok := ParseFlags(fs, args)
+		if !ok {
+			return code
 		}
 		if nargs >= 0 && len(pos) != nargs {
-			fmt.Fprintf(env.Stderr, "obmesh %s: want %s, got %d argument(s)\n", name, argsUsage, len(pos))
-			fs.Usage()
+			want := argsUsage
+			if want == "" {
+				want = "no arguments"
+			}
+			Usagef(env, "want %s, got %d argument(s)", want, len(pos))
 			return 2
 		}
 		c, err := f.client()
 		if err != nil {
-			fmt.Fprintf(env.Stderr, "obmesh %s: %s\n", name, errText(err))
-			return 2
+			return Usagef(env, "%s", err)
 		}
-		ctx, cancel := context.WithTimeout(ctx, f.timeout)
+		f.deadline = time.Now().Add(f.timeout)
+		ctx, cancel := context.WithDeadline(ctx, f.deadline)
 		defer cancel()
 		if err := fn(ctx, env, c, &f, pos); err != nil {
-			return reportError(env, f.output, name, err)
+			return reportError(env, f.output, err)
 		}
 		return 0
 	}}
-}
-
-// reportError prints an error (and the failed operation's receipt in JSON
-// mode) and returns the exit code: 1 for API errors, 3 for an unknown
-// outcome.
-func reportError(env Env, output, name string, err error) int {
-	var ae *api.Error
-	if errors.As(err, &ae) {
-		if output == "json" && ae.Receipt != nil {
-			printJSON(env.Stdout, ae.Receipt)
-		}
-		fmt.Fprintf(env.Stderr, "obmesh %s: %s [%s]\n", name, termText(ae.Message), termText(ae.Code))
-		if ae.Code == api.CodeOutcomeUnknown {
-			return 3
-		}
-		return 1
-	}
-	fmt.Fprintf(env.Stderr, "obmesh %s: %s\n", name, errText(err))
-	return 1
 }
 
 func printJSON(w io.Writer, v any) {
@@ -213,7 +325,9 @@ func printJSON(w io.Writer, v any) {
 // termText: cells hold server-provided strings.
 func table(w io.Writer, header string, rows [][]string) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, header)
+	if header != "" {
+		fmt.Fprintln(tw, header)
+	}
 	for _, r := range rows {
 		cells := make([]string, len(r))
 		for i, c := range r {
@@ -224,8 +338,10 @@ func table(w io.Writer, header string, rows [][]string) {
 	tw.Flush()
 }
 
-// Commands returns the operator command groups: node, power, boot,
-// agent (list), operation.
+// Commands returns the operator commands: node, power, boot, agent
+// (list), operation, console, operator, snapshot, subscription, events
+// and status.
 func Commands() []*Command {
-	return []*Command{nodeCommand(), powerCommand(), bootCommand(), agentListCommand(), operationCommand(), consoleCommand(), operatorCommand(), snapshotCommand(), subscriptionCommand(), eventsCommand()}
+	return []*Command{nodeCommand(), powerCommand(), bootCommand(), agentListCommand(), operationCommand(), consoleCommand(),
+		operatorCommand(), snapshotCommand(), subscriptionCommand(), eventsCommand(), statusCommand()}
 }

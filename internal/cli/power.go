@@ -10,18 +10,20 @@ import (
 )
 
 func powerCommand() *Command {
-	actions := []struct{ cmd, action, synopsis string }{
-		{"on", api.ActionOn, "Power a node on."},
-		{"off", api.ActionOff, "Power a node off, hard."},
-		{"soft-off", api.ActionSoftOff, "Ask the OS to shut down (ACPI); it may ignore it."},
-		{"cycle", api.ActionCycle, "Power a node off hard, then on."},
-		{"reset", api.ActionReset, "Reset a node, hard."},
+	actions := []struct{ cmd, action, link, synopsis string }{
+		{"on", api.ActionOn, "power_on", "Power a node on."},
+		{"off", api.ActionOff, "power_off", "Power a node off, hard."},
+		{"soft-off", api.ActionSoftOff, "power_soft_off", "Ask the OS to shut down (ACPI); it may ignore it."},
+		{"cycle", api.ActionCycle, "power_cycle", "Power a node off hard, then on."},
+		{"reset", api.ActionReset, "power_reset", "Reset a node, hard."},
 	}
 	var subs []*Command
 	for _, a := range actions {
 		subs = append(subs, apiCommand(a.cmd, a.synopsis, "NODE", 1, nil,
 			func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error {
-				r, err := c.Power(ctx, args[0], a.action)
+				r, err := runOp(ctx, env, c, f, args[0], a.link, true, func(ctx context.Context, c *api.Client) (api.Receipt, error) {
+					return c.Power(ctx, args[0], a.action)
+				})
 				if err != nil {
 					return err
 				}
@@ -29,9 +31,11 @@ func powerCommand() *Command {
 				return nil
 			}))
 	}
-	subs = append(subs, apiCommand("status", "Show a node's power state.", "NODE", 1, nil,
+	subs = append(subs, apiCommand("status", "Show a node's power state, read from its BMC.", "NODE", 1, nil,
 		func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error {
-			r, err := c.PowerStatus(ctx, args[0])
+			r, err := runOp(ctx, env, c, f, args[0], "power_status", false, func(ctx context.Context, c *api.Client) (api.Receipt, error) {
+				return c.PowerStatus(ctx, args[0])
+			})
 			if err != nil {
 				return err
 			}
@@ -54,14 +58,60 @@ func bootCommand() *Command {
 			fs.BoolVar(&efi, "efi", false, "boot in UEFI mode")
 		},
 		func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error {
-			r, err := c.SetBootDevice(ctx, args[0], api.BootRequest{Device: args[1], Persistent: persistent, EFI: efi})
+			r, err := runOp(ctx, env, c, f, args[0], "boot_device", true, func(ctx context.Context, c *api.Client) (api.Receipt, error) {
+				return c.SetBootDevice(ctx, args[0], api.BootRequest{Device: args[1], Persistent: persistent, EFI: efi})
+			})
 			if err != nil {
 				return err
 			}
 			printReceipt(env, f.output, r)
 			return nil
 		})
-	return &Command{Name: "boot", Synopsis: "Set boot devices", Subs: []*Command{set}}
+	get := apiCommand("get", "Show a node's boot override, read from its BMC.", "NODE", 1, nil,
+		func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error {
+			r, err := runOp(ctx, env, c, f, args[0], "boot_get", false, func(ctx context.Context, c *api.Client) (api.Receipt, error) {
+				return c.BootDevice(ctx, args[0])
+			})
+			if err != nil {
+				return err
+			}
+			if f.output == "json" {
+				printJSON(env.Stdout, r)
+				return nil
+			}
+			fmt.Fprintf(env.Stdout, "%s: %s\n", termText(r.Node), describeBoot(r.Boot))
+			return nil
+		})
+	return &Command{Name: "boot", Synopsis: "Show and set boot devices", Subs: []*Command{get, set}}
+}
+
+// describeBoot says what a boot setting means.
+func describeBoot(b *api.BootSetting) string {
+	if b == nil {
+		return "unknown (the driver did not say)"
+	}
+	if b.Device == "none" || b.Device == "" {
+		s := "no override (the BMC's own boot order)"
+		if b.Raw != "" {
+			s += " [" + termText(b.Raw) + "]"
+		}
+		return s
+	}
+	s := termText(b.Device)
+	if b.Persistent {
+		s += ", every boot"
+	} else {
+		s += ", next boot only"
+	}
+	if b.EFI {
+		s += ", UEFI"
+	} else {
+		s += ", legacy BIOS"
+	}
+	if b.Raw != "" && b.Raw != b.Device {
+		s += " [" + termText(b.Raw) + "]"
+	}
+	return s
 }
 
 func printReceipt(env Env, output string, r api.Receipt) {
@@ -82,38 +132,10 @@ func printReceipt(env Env, output string, r api.Receipt) {
 		}
 		fmt.Fprintf(env.Stdout, "  %s; observed %s\n", termText(r.Detail), termText(strings.Join(seen, ", ")))
 	}
-}
-
-func agentListCommand() *Command {
-	list := apiCommand("list", "List agents with their sites, health and last contact.", "", 0, nil,
-		func(ctx context.Context, env Env, c *api.Client, f *clientFlags, _ []string) error {
-			as, err := c.Agents(ctx)
-			if err != nil {
-				return err
-			}
-			if f.output == "json" {
-				printJSON(env.Stdout, as)
-				return nil
-			}
-			var rows [][]string
-			for _, a := range as {
-				rows = append(rows, []string{a.ID, strings.Join(a.Sites, ","), a.Health, a.LastContact.Format("2006-01-02 15:04:05Z07:00"), strings.Join(a.Drivers, ",")})
-			}
-			table(env.Stdout, "ID\tSITES\tHEALTH\tLAST CONTACT\tDRIVERS", rows)
-			return nil
-		})
-	return &Command{Name: "agent", Synopsis: "List agents", Subs: []*Command{list}}
-}
-
-func operationCommand() *Command {
-	show := apiCommand("show", "Show a recent operation's receipt.", "ID", 1, nil,
-		func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error {
-			r, err := c.Operation(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			printReceipt(env, f.output, r)
-			return nil
-		})
-	return &Command{Name: "operation", Synopsis: "Look up operations by receipt id", Subs: []*Command{show}}
+	if r.Outcome == api.OutcomeRunning && r.Phase != "" {
+		fmt.Fprintf(env.Stdout, "  still running: %s\n", describePhase(r, r.Action))
+	}
+	if r.ErrorClass != "" || r.Error != "" {
+		fmt.Fprintf(env.Stdout, "  %s: %s\n", termText(r.ErrorClass), termText(oneLine(r.Error)))
+	}
 }

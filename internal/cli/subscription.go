@@ -250,21 +250,20 @@ func truncate(s string, n int) string {
 func eventsCommand() *Command {
 	var node string
 	watch := &Command{Name: "watch", Synopsis: "Print BMC events as the relay receives them (Ctrl-C to stop).", Run: func(ctx context.Context, env Env, args []string) int {
-		fs := flag.NewFlagSet("watch", flag.ContinueOnError)
-		fs.SetOutput(env.Stderr)
+		fs := NewFlagSet(env, "[flags]", "Prints BMC events as the relay receives them, until Ctrl-C.")
 		var f clientFlags
 		f.register(fs, env)
 		fs.StringVar(&node, "node", "", "only this node's events")
-		if _, err := Parse(fs, args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			return 2
+		pos, code, ok := ParseFlags(fs, args)
+		if !ok {
+			return code
+		}
+		if len(pos) != 0 {
+			return Usagef(env, "want no arguments, got %d", len(pos))
 		}
 		c, err := f.client()
 		if err != nil {
-			fmt.Fprintf(env.Stderr, "obmesh events watch: %v\n", err)
-			return 2
+			return Usagef(env, "%s", err)
 		}
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 		defer stop()
@@ -281,7 +280,7 @@ func eventsCommand() *Command {
 			return nil
 		})
 		if err != nil && !errors.Is(err, context.Canceled) {
-			return reportError(env, f.output, "events watch", err)
+			return reportError(env, f.output, err)
 		}
 		return 0
 	}}
