@@ -58,7 +58,9 @@ func (s *Service) Forward(stream clusterpb.Cluster_ForwardServer) error {
 		return err
 	}
 	if s.handler == nil {
-		return status.Error(codes.Unavailable, "not serving yet")
+		// FailedPrecondition: the request was not handled (Unavailable
+		// would say the leader may have been lost while handling it).
+		return status.Error(codes.FailedPrecondition, "not serving yet")
 	}
 	head, err := stream.Recv()
 	if err != nil {
@@ -200,9 +202,8 @@ var ErrNoLeader = errors.New("no leader: the coordinator group has no quorum rig
 // answering: it may or may not have been carried out.
 var ErrLeaderLost = errors.New("the leader went away while handling the request; it may or may not have been carried out")
 
-// leaderAddr waits (bounded) for the leader's link address.
-func (f *Forwarder) leaderAddr(ctx context.Context) (string, error) {
-	deadline := time.Now().Add(f.Wait)
+// leaderAddr waits (until deadline) for the leader's link address.
+func (f *Forwarder) leaderAddr(ctx context.Context, deadline time.Time) (string, error) {
 	for {
 		if a := f.s.LeaderLinkAddr(); a != "" && !f.s.raft.IsLeader() {
 			return a, nil
@@ -225,26 +226,61 @@ func (f *Forwarder) leaderAddr(ctx context.Context) (string, error) {
 // same as api.OperationIDHeader; cluster does not import the API types).
 const OperationIDHeader = "X-Obmesh-Operation-Id"
 
-// Forward sends r to the leader and copies the answer to w. It returns
-// ErrNoLeader (nothing written) when there is none, and local=true when
-// this member became the leader meanwhile (the caller serves it itself).
-// opID, if set, is sent as the operation's id.
+// Forward sends r to the leader and copies the answer to w. While no
+// leader is known (an election), or the one known cannot be reached before
+// anything is sent to it, it waits and tries again, up to Wait. It
+// returns ErrNoLeader (nothing written, nothing sent) when there is still
+// none, ErrLeaderLost (nothing written) when the request was sent and no
+// answer came (it may have been carried out), and local=true when this
+// member became the leader meanwhile (the caller serves it itself). opID,
+// if set, is sent as the operation's id.
 func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, opID string) (local bool, err error) {
 	ctx := r.Context()
-	addr, err := f.leaderAddr(ctx)
-	if err != nil {
-		return false, err
+	deadline := time.Now().Add(f.Wait)
+	for {
+		addr, err := f.leaderAddr(ctx, deadline)
+		if err != nil {
+			return false, err
+		}
+		if addr == "" {
+			return true, nil
+		}
+		local, err := f.forwardTo(ctx, addr, w, r, opID)
+		if !errors.Is(err, errNotSent) {
+			return local, err
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return false, ErrNoLeader
+		}
+		select {
+		case <-ctx.Done():
+			return false, ErrNoLeader
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	if addr == "" {
-		return true, nil
+}
+
+// errNotSent: the leader could not be reached; nothing was sent.
+var errNotSent = errors.New("the leader could not be reached")
+
+// notHandled reports whether a Forward error means the leader refused the
+// request before running it.
+func notHandled(err error) bool {
+	switch status.Code(err) {
+	case codes.PermissionDenied, codes.Unimplemented, codes.FailedPrecondition, codes.Unauthenticated:
+		return true
 	}
+	return false
+}
+
+func (f *Forwarder) forwardTo(ctx context.Context, addr string, w http.ResponseWriter, r *http.Request, opID string) (local bool, err error) {
 	c, err := f.s.client(addr)
 	if err != nil {
-		return false, ErrNoLeader
+		return false, errNotSent
 	}
 	stream, err := c.Forward(ctx)
 	if err != nil {
-		return false, ErrNoLeader
+		return false, errNotSent
 	}
 	head := &clusterpb.HTTPFrame{Method: r.Method, Uri: r.URL.RequestURI(), RemoteAddr: r.RemoteAddr}
 	for k, vs := range r.Header {
@@ -260,7 +296,9 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, opID string)
 		head.Headers = append(head.Headers, &clusterpb.Header{Name: OperationIDHeader, Value: opID})
 	}
 	if err := stream.Send(head); err != nil {
-		return false, ErrNoLeader
+		// The head did not go out whole; without its body's end frame the
+		// leader treats the request as cut short.
+		return false, errNotSent
 	}
 	// Request body, streamed (bounded). A body that fails (too large,
 	// too slow, cut off) is sent without its End frame, so the leader sees
@@ -298,10 +336,15 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, opID string)
 	defer wg.Wait()
 	first, err := stream.Recv()
 	if err != nil {
-		if status.Code(err) == codes.Unavailable && ctx.Err() == nil {
-			return false, ErrLeaderLost
+		switch {
+		case ctx.Err() != nil:
+			return false, ctx.Err()
+		case notHandled(err):
+			return false, errNotSent
 		}
-		return false, ErrNoLeader
+		// Sent, and no answer: whatever broke (the leader died, the link
+		// between members), it may have been carried out.
+		return false, ErrLeaderLost
 	}
 	streaming := false
 	for _, h := range first.Headers {

@@ -509,3 +509,56 @@ func (r *recStream) Send(f *clusterpb.HTTPFrame) error {
 }
 
 func (r *recStream) Recv() (*clusterpb.HTTPFrame, error) { return nil, io.EOF }
+
+// TestForward_WaitsOutADeadLeader (issue 16, item 5): the leader a
+// follower knows cannot be reached (killed); a new one is elected within
+// the wait. The request reaches the new leader instead of failing with
+// no_leader, and the dead one was never sent anything.
+func TestForward_WaitsOutADeadLeader(t *testing.T) {
+	k := testPKI(t)
+	rl := newFakeRaft()
+	rl.set(func(f *fakeRaft) { f.hasState, f.leader, f.leaderID = true, true, "c3" })
+	newLeader := startMember(t, k, "c3", rl)
+	served := make(chan string, 1)
+	newLeader.svc.SetHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served <- r.Header.Get(OperationIDHeader)
+		io.WriteString(w, "done")
+	}))
+	rf := newFakeRaft()
+	rf.set(func(f *fakeRaft) { f.hasState, f.leaderID = true, "c2" })
+	rf.putMember(state.Member{ID: "c2", LinkAddr: "127.0.0.1:1"}) // dead
+	rf.putMember(state.Member{ID: "c3", LinkAddr: newLeader.addr})
+	follower := startMember(t, k, "c1", rf)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		rf.set(func(f *fakeRaft) { f.leaderID = "c3" })
+	}()
+	rec := httptest.NewRecorder()
+	local, err := NewForwarder(follower.svc).Forward(rec, httptest.NewRequest("POST", "/v1/nodes/n1/power", strings.NewReader("{}")), "op-7")
+	if local || err != nil || rec.Body.String() != "done" {
+		t.Fatalf("Forward = %v, %v, %q; want the new leader's answer", local, err, rec.Body)
+	}
+	if id := <-served; id != "op-7" {
+		t.Errorf("operation id at the new leader = %q", id)
+	}
+}
+
+// TestForward_NotServingYetIsNotSent: a member that answers the forward
+// with "not serving yet" did not run the request: Forward keeps waiting
+// (then ErrNoLeader, which means nothing was sent), never ErrLeaderLost.
+func TestForward_NotServingYetIsNotSent(t *testing.T) {
+	k := testPKI(t)
+	rl := newFakeRaft()
+	rl.set(func(f *fakeRaft) { f.hasState, f.leader, f.leaderID = true, true, "c2" })
+	leader := startMember(t, k, "c2", rl) // no handler set
+	rf := newFakeRaft()
+	rf.set(func(f *fakeRaft) { f.hasState, f.leaderID = true, "c2" })
+	rf.putMember(state.Member{ID: "c2", LinkAddr: leader.addr})
+	follower := startMember(t, k, "c1", rf)
+	fw := NewForwarder(follower.svc)
+	fw.Wait = 300 * time.Millisecond
+	_, err := fw.Forward(httptest.NewRecorder(), httptest.NewRequest("POST", "/v1/nodes/n1/power", strings.NewReader("{}")), "op-8")
+	if !errors.Is(err, ErrNoLeader) {
+		t.Fatalf("Forward to a member not serving yet = %v, want ErrNoLeader", err)
+	}
+}
