@@ -70,11 +70,20 @@ func TestHost_PluginKilledMidOperation(t *testing.T) {
 			return b.(sdk.PowerSetter).SetPower(ctx, sdk.PowerOn)
 		})
 	}()
-	<-inflight
+	select {
+	case <-inflight:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the slow call never reached the BMC")
+	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	err := <-errc
+	var err error
+	select {
+	case err = <-errc:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the call in flight did not return after its plugin was killed")
+	}
 	if !errors.Is(err, sdk.ErrPlugin) {
 		t.Fatalf("operation in flight when the plugin died = %v, want sdk.ErrPlugin", err)
 	}
@@ -111,8 +120,10 @@ func TestHost_SessionReusedAndSerialized(t *testing.T) {
 	ctx := t.Context()
 	n := sdk.Node{Name: "n", Key: "n@1", Options: map[string]string{"delay": "50ms"}}
 	var first sdk.BMC
+	ran := 0
 	for range 3 {
-		h.Do(ctx, "mock", n, func(ctx context.Context, b sdk.BMC) error {
+		err := h.Do(ctx, "mock", n, func(ctx context.Context, b sdk.BMC) error {
+			ran++
 			if first == nil {
 				first = b
 			} else if b != first {
@@ -120,23 +131,34 @@ func TestHost_SessionReusedAndSerialized(t *testing.T) {
 			}
 			return nil
 		})
+		if err != nil {
+			t.Fatalf("Do = %v", err)
+		}
 	}
 	// A changed spec (new password) opens a new session.
 	n.Password = "changed"
-	h.Do(ctx, "mock", n, func(ctx context.Context, b sdk.BMC) error {
+	err := h.Do(ctx, "mock", n, func(ctx context.Context, b sdk.BMC) error {
+		ran++
 		if b == first {
 			t.Errorf("session reused after the node's credentials changed")
 		}
 		return nil
 	})
+	if err != nil || ran != 4 {
+		t.Fatalf("Do after a credential change = %v; %d of 4 calls reached the BMC", err, ran)
+	}
 	// A caller whose deadline passes while the node is busy gets ErrBusy.
 	started := make(chan struct{})
 	release := make(chan struct{})
 	go h.Do(ctx, "mock", n, func(ctx context.Context, b sdk.BMC) error { close(started); <-release; return nil })
-	<-started
+	select {
+	case <-started:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the holding call never ran")
+	}
 	sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
-	err := h.Do(sctx, "mock", n, func(context.Context, sdk.BMC) error { return nil })
+	err = h.Do(sctx, "mock", n, func(context.Context, sdk.BMC) error { return nil })
 	close(release)
 	if !errors.Is(err, sdk.ErrBusy) {
 		t.Errorf("Do on a busy node past the deadline = %v, want ErrBusy", err)
