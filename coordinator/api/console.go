@@ -1,7 +1,9 @@
 package api
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -30,8 +32,7 @@ func (c *Client) Console(ctx context.Context, node string) (io.ReadWriteCloser, 
 	ws, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: h, HTTPClient: &http.Client{Transport: c.http.Transport}})
 	if err != nil {
 		if resp != nil && resp.StatusCode >= 300 {
-			// The error body was consumed by the dialer; report the status.
-			return nil, &Error{StatusCode: resp.StatusCode, Code: codeForStatus(resp.StatusCode), Message: "console: " + err.Error()}
+			return nil, handshakeError(resp)
 		}
 		return nil, err
 	}
@@ -89,4 +90,70 @@ func (w *wsConsole) Close() error {
 		w.cancel()
 	})
 	return nil
+}
+
+// handshakeError is the API's error for a refused console handshake. The
+// WebSocket dialer keeps the first KiB of the answer's body: enough for the
+// error's code and message, which come first, even when a long receipt
+// after them is cut off.
+func handshakeError(resp *http.Response) *Error {
+	e := &Error{StatusCode: resp.StatusCode, Code: codeForStatus(resp.StatusCode), Message: "console refused with HTTP " + resp.Status}
+	if resp.Body == nil {
+		return e
+	}
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var eb ErrorBody
+	if json.Unmarshal(raw, &eb) == nil && eb.Error.Code != "" {
+		e.Code, e.Message, e.Receipt = eb.Error.Code, eb.Error.Message, eb.Receipt
+		return e
+	}
+	// Cut short: read the error object's fields as far as they go.
+	type frame struct {
+		object, wantKey bool
+		key             string // the key whose value is being read
+	}
+	var stack []frame
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			break
+		}
+		if d, ok := tok.(json.Delim); ok {
+			switch d {
+			case '{', '[':
+				stack = append(stack, frame{object: d == '{', wantKey: d == '{'})
+			default:
+				if len(stack) > 0 {
+					stack = stack[:len(stack)-1]
+				}
+				if n := len(stack); n > 0 && stack[n-1].object {
+					stack[n-1].wantKey = true
+				}
+			}
+			continue
+		}
+		n := len(stack)
+		if n == 0 {
+			continue
+		}
+		top := &stack[n-1]
+		if top.object && top.wantKey {
+			top.key, _ = tok.(string)
+			top.wantKey = false
+			continue
+		}
+		if v, ok := tok.(string); ok && n == 2 && stack[0].key == "error" {
+			switch top.key {
+			case "code":
+				e.Code = v
+			case "message":
+				e.Message = v
+			}
+		}
+		if top.object {
+			top.wantKey = true
+		}
+	}
+	return e
 }
