@@ -174,6 +174,8 @@ type Runner struct {
 	order    []string
 	reserved map[string]string // ids of running operations: their node and action
 	forgot   map[string]string // ids an agent no longer knows, by agent (not asked again)
+
+	power powerMemory // the last power state seen per node (progress.go)
 }
 
 // New returns a Runner. Receipts of operations that change something are
@@ -246,6 +248,7 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		return api.Receipt{}, nil, rerr
 	}
 	defer r.unreserve(id)
+	reportID(ctx, id)
 	rec := api.Receipt{ID: id, Node: n.Name, Action: req.Action, Site: n.Site, StartedAt: start.UTC()}
 	finish := func(outcome string, f *Failure) (api.Receipt, error) {
 		end := time.Now()
@@ -256,6 +259,7 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 			rec.ErrorClass, rec.Error = f.Class, f.Message
 		}
 		r.remember(rec)
+		r.power.note(rec)
 		r.logger.Info("operation", "id", rec.ID, "node", rec.Node, "action", rec.Action, "outcome", outcome, "agent", rec.Agent, "class", rec.ErrorClass)
 		if f != nil {
 			return rec, f
@@ -424,6 +428,7 @@ func (r *Runner) keyHolder(key string) (string, bool) {
 // the operation runs on this leader, and up to ReplayWait (bounded by
 // ctx) for a result that may still come for an unknown one.
 func (r *Runner) replay(ctx context.Context, id string, req Request) (api.Receipt, *agentsvc.ConsoleStream, error) {
+	reportID(ctx, id)
 	settle := time.NewTimer(r.cfg.ReplayWait)
 	defer settle.Stop()
 	for {

@@ -81,3 +81,10 @@ func (p *powerMemory) forget(node string) {
 	defer p.mu.Unlock()
 	delete(p.m, node)
 }
+
+// LastPower returns the last power state this runner saw for a node, from
+// the answers of the operations it ran (memory only).
+func (r *Runner) LastPower(node string) (api.PowerReading, bool) { return r.power.get(node) }
+
+// ForgetPower drops a node's power reading (the node was deleted).
+func (r *Runner) ForgetPower(node string) { r.power.forget(node) }
