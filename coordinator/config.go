@@ -131,6 +131,9 @@ type EventsConfig struct {
 	// DeleteTimeout bounds the removal of a subscription whose BMC cannot
 	// be reached: then it is removed anyway and its BMC side cleaned later.
 	DeleteTimeout config.Duration `toml:"delete_timeout"`
+	// AgentGrace is how long a relay agent may be away before the BMC
+	// subscriptions pointing at its relay are moved to another agent's.
+	AgentGrace config.Duration `toml:"agent_grace"`
 }
 
 // DefaultConfig returns the defaults a config file is decoded over.
@@ -145,7 +148,7 @@ func DefaultConfig() Config {
 		AgentLink:  AgentLinkConfig{Listen: "127.0.0.1:7443", Heartbeat: config.Duration(2 * time.Second), AgentWait: config.Duration(5 * time.Second)},
 		Operations: OperationsConfig{DefaultTimeout: config.Duration(30 * time.Second), DefaultSite: "default"},
 		Events: EventsConfig{ResyncInterval: config.Duration(10 * time.Minute), RateQPS: 10, RateBurst: 100,
-			DeleteTimeout: config.Duration(5 * time.Minute)},
+			DeleteTimeout: config.Duration(5 * time.Minute), AgentGrace: config.Duration(30 * time.Second)},
 	}
 }
 
@@ -205,8 +208,8 @@ func (c *Config) Validate() error {
 	if !c.Raft.Bootstrap && len(c.Raft.RetryJoin) == 0 {
 		errs = append(errs, errors.New("set raft.bootstrap = true for a single coordinator, or raft.expect and raft.retry_join for a group"))
 	}
-	if c.Events.ResyncInterval.D() < time.Second || c.Events.DeleteTimeout.D() < time.Second {
-		errs = append(errs, errors.New("events.resync_interval and events.delete_timeout must be at least 1s"))
+	if c.Events.ResyncInterval.D() < time.Second || c.Events.DeleteTimeout.D() < time.Second || c.Events.AgentGrace.D() < time.Second {
+		errs = append(errs, errors.New("events.resync_interval, events.delete_timeout and events.agent_grace must be at least 1s"))
 	}
 	if c.Events.RateQPS <= 0 || c.Events.RateQPS > 10000 || c.Events.RateBurst < 1 || c.Events.RateBurst > 100000 {
 		errs = append(errs, errors.New("events.rate_qps must be in (0, 10000] and events.rate_burst in [1, 100000]"))

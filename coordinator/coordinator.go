@@ -144,7 +144,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	evs := events.New(events.Config{
 		AllowHTTPDestinations: s.cfg.Events.AllowHTTPDestinations, ResyncInterval: s.cfg.Events.ResyncInterval.D(),
 		RateQPS: s.cfg.Events.RateQPS, RateBurst: s.cfg.Events.RateBurst, DeleteTimeout: s.cfg.Events.DeleteTimeout.D(),
-		Agents: func() []events.Agent { return eventAgents(svc) }, PushRelayConfig: svc.PushRelayConfig,
+		AgentGrace: s.cfg.Events.AgentGrace.D(), Agents: func() []events.Agent { return eventAgents(svc) }, PushRelayConfig: svc.PushRelayConfig,
 	}, st, keys, runner, s.logger)
 	relay.Config, relay.Report, relay.Event = evs.RelayConfig, evs.OnRelayReport, evs.OnRelayEvent
 	registry := ops.NewRegistry(st, keys, s.cfg.Operations.DefaultSite)
