@@ -623,7 +623,7 @@ func (s *Service) run(ctx context.Context, c *conn, op *agentpb.Operation, conso
 		return Result{Agent: c.id, Sent: true}, nil, fmt.Errorf("send to agent %s: %v: %w", c.id, err, ErrOutcomeUnknown)
 	}
 	s.logger.Debug("operation sent to agent", "op", op.Id, "action", op.Action, "node", op.GetNode().GetName(), "agent", c.id)
-	reportSent(ctx, c.id)
+	ReportSent(ctx, c.id)
 	select {
 	case r, ok := <-ch:
 		if !ok {

@@ -12,8 +12,10 @@ func WithSentHook(ctx context.Context, fn func(agentID string)) context.Context 
 	return context.WithValue(ctx, sentHookKey{}, fn)
 }
 
-// reportSent calls ctx's sent hook, if any.
-func reportSent(ctx context.Context, agentID string) {
+// ReportSent calls ctx's sent hook, if any. Dispatch calls it once the
+// operation is on the agent's stream; other dispatchers (fakes in tests)
+// may call it the same way.
+func ReportSent(ctx context.Context, agentID string) {
 	if fn, ok := ctx.Value(sentHookKey{}).(func(string)); ok && fn != nil {
 		fn(agentID)
 	}
