@@ -116,6 +116,7 @@ type AgentMessage struct {
 	//	*AgentMessage_RelayReport
 	//	*AgentMessage_RelayEvent
 	//	*AgentMessage_FateReport
+	//	*AgentMessage_DriverReport
 	Msg           isAgentMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -212,6 +213,15 @@ func (x *AgentMessage) GetFateReport() *FateReport {
 	return nil
 }
 
+func (x *AgentMessage) GetDriverReport() *DriverReport {
+	if x != nil {
+		if x, ok := x.Msg.(*AgentMessage_DriverReport); ok {
+			return x.DriverReport
+		}
+	}
+	return nil
+}
+
 type isAgentMessage_Msg interface {
 	isAgentMessage_Msg()
 }
@@ -240,6 +250,10 @@ type AgentMessage_FateReport struct {
 	FateReport *FateReport `protobuf:"bytes,6,opt,name=fate_report,json=fateReport,proto3,oneof"`
 }
 
+type AgentMessage_DriverReport struct {
+	DriverReport *DriverReport `protobuf:"bytes,10,opt,name=driver_report,json=driverReport,proto3,oneof"`
+}
+
 func (*AgentMessage_Hello) isAgentMessage_Msg() {}
 
 func (*AgentMessage_Result) isAgentMessage_Msg() {}
@@ -251,6 +265,8 @@ func (*AgentMessage_RelayReport) isAgentMessage_Msg() {}
 func (*AgentMessage_RelayEvent) isAgentMessage_Msg() {}
 
 func (*AgentMessage_FateReport) isAgentMessage_Msg() {}
+
+func (*AgentMessage_DriverReport) isAgentMessage_Msg() {}
 
 type CoordinatorMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -427,8 +443,11 @@ type Hello struct {
 	// agent runs none); relay_fingerprint the SHA-256 of its certificate.
 	RelayUrl         string `protobuf:"bytes,6,opt,name=relay_url,json=relayUrl,proto3" json:"relay_url,omitempty"`
 	RelayFingerprint string `protobuf:"bytes,7,opt,name=relay_fingerprint,json=relayFingerprint,proto3" json:"relay_fingerprint,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// plugin_warnings are problems with the agent's plugin directory (a
+	// missing directory, a file that is not executable, a built-in's name).
+	PluginWarnings []string `protobuf:"bytes,8,rep,name=plugin_warnings,json=pluginWarnings,proto3" json:"plugin_warnings,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -510,12 +529,35 @@ func (x *Hello) GetRelayFingerprint() string {
 	return ""
 }
 
+func (x *Hello) GetPluginWarnings() []string {
+	if x != nil {
+		return x.PluginWarnings
+	}
+	return nil
+}
+
+// Driver is one of the agent's drivers and its health.
 type Driver struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Version       string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Version string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// health is "ok", "starting", "restarting", "failing" or
+	// "not_executable".
+	Health string `protobuf:"bytes,3,opt,name=health,proto3" json:"health,omitempty"`
+	// offered: the agent takes operations for the driver now. The
+	// coordinator routes a driver's operations only to agents offering it
+	// (an agent that sends no health offers every driver it names).
+	Offered bool `protobuf:"varint,4,opt,name=offered,proto3" json:"offered,omitempty"`
+	// detail says what is wrong when health is not ok: why the plugin could
+	// not start, with its exit status and last stderr lines.
+	Detail string `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	// source is "builtin" or the plugin file's path.
+	Source   string `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
+	Restarts uint32 `protobuf:"varint,7,opt,name=restarts,proto3" json:"restarts,omitempty"`
+	// next_start_unix_nano is when a failing driver is tried again.
+	NextStartUnixNano int64 `protobuf:"varint,8,opt,name=next_start_unix_nano,json=nextStartUnixNano,proto3" json:"next_start_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Driver) Reset() {
@@ -562,6 +604,102 @@ func (x *Driver) GetVersion() string {
 	return ""
 }
 
+func (x *Driver) GetHealth() string {
+	if x != nil {
+		return x.Health
+	}
+	return ""
+}
+
+func (x *Driver) GetOffered() bool {
+	if x != nil {
+		return x.Offered
+	}
+	return false
+}
+
+func (x *Driver) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *Driver) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Driver) GetRestarts() uint32 {
+	if x != nil {
+		return x.Restarts
+	}
+	return 0
+}
+
+func (x *Driver) GetNextStartUnixNano() int64 {
+	if x != nil {
+		return x.NextStartUnixNano
+	}
+	return 0
+}
+
+// DriverReport replaces the drivers (and plugin warnings) the agent
+// announced: sent whenever a driver starts, fails, appears or goes.
+type DriverReport struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Drivers        []*Driver              `protobuf:"bytes,1,rep,name=drivers,proto3" json:"drivers,omitempty"`
+	PluginWarnings []string               `protobuf:"bytes,2,rep,name=plugin_warnings,json=pluginWarnings,proto3" json:"plugin_warnings,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *DriverReport) Reset() {
+	*x = DriverReport{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DriverReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DriverReport) ProtoMessage() {}
+
+func (x *DriverReport) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DriverReport.ProtoReflect.Descriptor instead.
+func (*DriverReport) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DriverReport) GetDrivers() []*Driver {
+	if x != nil {
+		return x.Drivers
+	}
+	return nil
+}
+
+func (x *DriverReport) GetPluginWarnings() []string {
+	if x != nil {
+		return x.PluginWarnings
+	}
+	return nil
+}
+
 // Welcome accepts the agent.
 type Welcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -576,7 +714,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[5]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -588,7 +726,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[5]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -601,7 +739,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{5}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Welcome) GetEpoch() uint64 {
@@ -636,7 +774,7 @@ type Redirect struct {
 
 func (x *Redirect) Reset() {
 	*x = Redirect{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[6]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +786,7 @@ func (x *Redirect) String() string {
 func (*Redirect) ProtoMessage() {}
 
 func (x *Redirect) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[6]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +799,7 @@ func (x *Redirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
 func (*Redirect) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{6}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Redirect) GetLeader() string {
@@ -680,7 +818,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +830,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +843,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Heartbeat) GetSentUnixNano() int64 {
@@ -733,7 +871,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -745,7 +883,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -758,7 +896,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Node) GetName() string {
@@ -849,7 +987,7 @@ type Operation struct {
 
 func (x *Operation) Reset() {
 	*x = Operation{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +999,7 @@ func (x *Operation) String() string {
 func (*Operation) ProtoMessage() {}
 
 func (x *Operation) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +1012,7 @@ func (x *Operation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Operation.ProtoReflect.Descriptor instead.
 func (*Operation) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Operation) GetId() string {
@@ -963,7 +1101,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1113,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1126,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Cancel) GetId() string {
@@ -1010,7 +1148,7 @@ type ResultAck struct {
 
 func (x *ResultAck) Reset() {
 	*x = ResultAck{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +1160,7 @@ func (x *ResultAck) String() string {
 func (*ResultAck) ProtoMessage() {}
 
 func (x *ResultAck) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,7 +1173,7 @@ func (x *ResultAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultAck.ProtoReflect.Descriptor instead.
 func (*ResultAck) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ResultAck) GetIds() []string {
@@ -1060,7 +1198,7 @@ type FateQuery struct {
 
 func (x *FateQuery) Reset() {
 	*x = FateQuery{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1072,7 +1210,7 @@ func (x *FateQuery) String() string {
 func (*FateQuery) ProtoMessage() {}
 
 func (x *FateQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1085,7 +1223,7 @@ func (x *FateQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FateQuery.ProtoReflect.Descriptor instead.
 func (*FateQuery) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FateQuery) GetIds() []string {
@@ -1113,7 +1251,7 @@ type FateReport struct {
 
 func (x *FateReport) Reset() {
 	*x = FateReport{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1263,7 @@ func (x *FateReport) String() string {
 func (*FateReport) ProtoMessage() {}
 
 func (x *FateReport) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1276,7 @@ func (x *FateReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FateReport.ProtoReflect.Descriptor instead.
 func (*FateReport) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FateReport) GetFates() []*Fate {
@@ -1162,7 +1300,7 @@ type Fate struct {
 
 func (x *Fate) Reset() {
 	*x = Fate{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1174,7 +1312,7 @@ func (x *Fate) String() string {
 func (*Fate) ProtoMessage() {}
 
 func (x *Fate) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1187,7 +1325,7 @@ func (x *Fate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fate.ProtoReflect.Descriptor instead.
 func (*Fate) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Fate) GetId() string {
@@ -1231,7 +1369,7 @@ type OperationResult struct {
 
 func (x *OperationResult) Reset() {
 	*x = OperationResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1381,7 @@ func (x *OperationResult) String() string {
 func (*OperationResult) ProtoMessage() {}
 
 func (x *OperationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1394,7 @@ func (x *OperationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationResult.ProtoReflect.Descriptor instead.
 func (*OperationResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *OperationResult) GetId() string {
@@ -1361,7 +1499,7 @@ type PowerObservation struct {
 
 func (x *PowerObservation) Reset() {
 	*x = PowerObservation{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1373,7 +1511,7 @@ func (x *PowerObservation) String() string {
 func (*PowerObservation) ProtoMessage() {}
 
 func (x *PowerObservation) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1386,7 +1524,7 @@ func (x *PowerObservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerObservation.ProtoReflect.Descriptor instead.
 func (*PowerObservation) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PowerObservation) GetState() string {
@@ -1418,7 +1556,7 @@ type EventRequest struct {
 
 func (x *EventRequest) Reset() {
 	*x = EventRequest{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1568,7 @@ func (x *EventRequest) String() string {
 func (*EventRequest) ProtoMessage() {}
 
 func (x *EventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1581,7 @@ func (x *EventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventRequest.ProtoReflect.Descriptor instead.
 func (*EventRequest) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EventRequest) GetUri() string {
@@ -1490,7 +1628,7 @@ type EventSpec struct {
 
 func (x *EventSpec) Reset() {
 	*x = EventSpec{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1640,7 @@ func (x *EventSpec) String() string {
 func (*EventSpec) ProtoMessage() {}
 
 func (x *EventSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1653,7 @@ func (x *EventSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventSpec.ProtoReflect.Descriptor instead.
 func (*EventSpec) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EventSpec) GetDestination() string {
@@ -1586,7 +1724,7 @@ type TestEvent struct {
 
 func (x *TestEvent) Reset() {
 	*x = TestEvent{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1598,7 +1736,7 @@ func (x *TestEvent) String() string {
 func (*TestEvent) ProtoMessage() {}
 
 func (x *TestEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1611,7 +1749,7 @@ func (x *TestEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TestEvent.ProtoReflect.Descriptor instead.
 func (*TestEvent) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TestEvent) GetEventType() string {
@@ -1660,7 +1798,7 @@ type EventCapabilities struct {
 
 func (x *EventCapabilities) Reset() {
 	*x = EventCapabilities{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +1810,7 @@ func (x *EventCapabilities) String() string {
 func (*EventCapabilities) ProtoMessage() {}
 
 func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +1823,7 @@ func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventCapabilities.ProtoReflect.Descriptor instead.
 func (*EventCapabilities) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EventCapabilities) GetServiceEnabled() bool {
@@ -1774,7 +1912,7 @@ type BMCSubscription struct {
 
 func (x *BMCSubscription) Reset() {
 	*x = BMCSubscription{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1786,7 +1924,7 @@ func (x *BMCSubscription) String() string {
 func (*BMCSubscription) ProtoMessage() {}
 
 func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1799,7 +1937,7 @@ func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BMCSubscription.ProtoReflect.Descriptor instead.
 func (*BMCSubscription) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BMCSubscription) GetUri() string {
@@ -1874,7 +2012,7 @@ type EventResult struct {
 
 func (x *EventResult) Reset() {
 	*x = EventResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +2024,7 @@ func (x *EventResult) String() string {
 func (*EventResult) ProtoMessage() {}
 
 func (x *EventResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +2037,7 @@ func (x *EventResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventResult.ProtoReflect.Descriptor instead.
 func (*EventResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EventResult) GetCapabilities() *EventCapabilities {
@@ -1954,7 +2092,7 @@ type RelayRequest struct {
 
 func (x *RelayRequest) Reset() {
 	*x = RelayRequest{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1966,7 +2104,7 @@ func (x *RelayRequest) String() string {
 func (*RelayRequest) ProtoMessage() {}
 
 func (x *RelayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1979,7 +2117,7 @@ func (x *RelayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayRequest.ProtoReflect.Descriptor instead.
 func (*RelayRequest) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RelayRequest) GetSubscriptionId() string {
@@ -2013,7 +2151,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2025,7 +2163,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2038,7 +2176,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -2114,7 +2252,7 @@ type RelayResult struct {
 
 func (x *RelayResult) Reset() {
 	*x = RelayResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2264,7 @@ func (x *RelayResult) String() string {
 func (*RelayResult) ProtoMessage() {}
 
 func (x *RelayResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2277,7 @@ func (x *RelayResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayResult.ProtoReflect.Descriptor instead.
 func (*RelayResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RelayResult) GetDeadLetters() []*DeadLetter {
@@ -2170,7 +2308,7 @@ type RelayConfig struct {
 
 func (x *RelayConfig) Reset() {
 	*x = RelayConfig{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2182,7 +2320,7 @@ func (x *RelayConfig) String() string {
 func (*RelayConfig) ProtoMessage() {}
 
 func (x *RelayConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2195,7 +2333,7 @@ func (x *RelayConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayConfig.ProtoReflect.Descriptor instead.
 func (*RelayConfig) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RelayConfig) GetVersion() uint64 {
@@ -2223,7 +2361,7 @@ type RelayNode struct {
 
 func (x *RelayNode) Reset() {
 	*x = RelayNode{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2373,7 @@ func (x *RelayNode) String() string {
 func (*RelayNode) ProtoMessage() {}
 
 func (x *RelayNode) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2386,7 @@ func (x *RelayNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNode.ProtoReflect.Descriptor instead.
 func (*RelayNode) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RelayNode) GetName() string {
@@ -2293,7 +2431,7 @@ type RelaySubscriber struct {
 
 func (x *RelaySubscriber) Reset() {
 	*x = RelaySubscriber{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2443,7 @@ func (x *RelaySubscriber) String() string {
 func (*RelaySubscriber) ProtoMessage() {}
 
 func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2456,7 @@ func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelaySubscriber.ProtoReflect.Descriptor instead.
 func (*RelaySubscriber) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RelaySubscriber) GetId() string {
@@ -2429,7 +2567,7 @@ type RelayReport struct {
 
 func (x *RelayReport) Reset() {
 	*x = RelayReport{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2441,7 +2579,7 @@ func (x *RelayReport) String() string {
 func (*RelayReport) ProtoMessage() {}
 
 func (x *RelayReport) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2454,7 +2592,7 @@ func (x *RelayReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayReport.ProtoReflect.Descriptor instead.
 func (*RelayReport) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RelayReport) GetSubscribers() []*RelaySubscriberStats {
@@ -2501,7 +2639,7 @@ type RelaySubscriberStats struct {
 
 func (x *RelaySubscriberStats) Reset() {
 	*x = RelaySubscriberStats{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2513,7 +2651,7 @@ func (x *RelaySubscriberStats) String() string {
 func (*RelaySubscriberStats) ProtoMessage() {}
 
 func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2526,7 +2664,7 @@ func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelaySubscriberStats.ProtoReflect.Descriptor instead.
 func (*RelaySubscriberStats) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RelaySubscriberStats) GetId() string {
@@ -2600,7 +2738,7 @@ type RelayNodeStats struct {
 
 func (x *RelayNodeStats) Reset() {
 	*x = RelayNodeStats{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2612,7 +2750,7 @@ func (x *RelayNodeStats) String() string {
 func (*RelayNodeStats) ProtoMessage() {}
 
 func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2625,7 +2763,7 @@ func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNodeStats.ProtoReflect.Descriptor instead.
 func (*RelayNodeStats) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RelayNodeStats) GetNode() string {
@@ -2689,7 +2827,7 @@ type RelayNotice struct {
 
 func (x *RelayNotice) Reset() {
 	*x = RelayNotice{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2701,7 +2839,7 @@ func (x *RelayNotice) String() string {
 func (*RelayNotice) ProtoMessage() {}
 
 func (x *RelayNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2714,7 +2852,7 @@ func (x *RelayNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNotice.ProtoReflect.Descriptor instead.
 func (*RelayNotice) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{32}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RelayNotice) GetNode() string {
@@ -2760,7 +2898,7 @@ type RelayEvent struct {
 
 func (x *RelayEvent) Reset() {
 	*x = RelayEvent{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2772,7 +2910,7 @@ func (x *RelayEvent) String() string {
 func (*RelayEvent) ProtoMessage() {}
 
 func (x *RelayEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2785,7 +2923,7 @@ func (x *RelayEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayEvent.ProtoReflect.Descriptor instead.
 func (*RelayEvent) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RelayEvent) GetId() string {
@@ -2889,7 +3027,7 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
 	"\x04read\x18\x03 \x01(\bR\x04read\x12\x10\n" +
 	"\x03eof\x18\x04 \x01(\bR\x03eof\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\x80\x03\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\xc6\x03\n" +
 	"\fAgentMessage\x12.\n" +
 	"\x05hello\x18\x01 \x01(\v2\x16.obmesh.agent.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\x06result\x18\x02 \x01(\v2 .obmesh.agent.v1.OperationResultH\x00R\x06result\x12:\n" +
@@ -2898,7 +3036,9 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\vrelay_event\x18\x05 \x01(\v2\x1b.obmesh.agent.v1.RelayEventH\x00R\n" +
 	"relayEvent\x12>\n" +
 	"\vfate_report\x18\x06 \x01(\v2\x1b.obmesh.agent.v1.FateReportH\x00R\n" +
-	"fateReportB\x05\n" +
+	"fateReport\x12D\n" +
+	"\rdriver_report\x18\n" +
+	" \x01(\v2\x1d.obmesh.agent.v1.DriverReportH\x00R\fdriverReportB\x05\n" +
 	"\x03msg\"\xb6\x03\n" +
 	"\x12CoordinatorMessage\x124\n" +
 	"\awelcome\x18\x01 \x01(\v2\x18.obmesh.agent.v1.WelcomeH\x00R\awelcome\x12:\n" +
@@ -2910,7 +3050,7 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"result_ack\x18\x06 \x01(\v2\x1a.obmesh.agent.v1.ResultAckH\x00R\tresultAck\x12;\n" +
 	"\n" +
 	"fate_query\x18\a \x01(\v2\x1a.obmesh.agent.v1.FateQueryH\x00R\tfateQueryB\x05\n" +
-	"\x03msg\"\xf4\x01\n" +
+	"\x03msg\"\x9d\x02\n" +
 	"\x05Hello\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x14\n" +
 	"\x05sites\x18\x02 \x03(\tR\x05sites\x121\n" +
@@ -2918,10 +3058,20 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\aversion\x18\x04 \x01(\tR\aversion\x12#\n" +
 	"\rhighest_epoch\x18\x05 \x01(\x04R\fhighestEpoch\x12\x1b\n" +
 	"\trelay_url\x18\x06 \x01(\tR\brelayUrl\x12+\n" +
-	"\x11relay_fingerprint\x18\a \x01(\tR\x10relayFingerprint\"6\n" +
+	"\x11relay_fingerprint\x18\a \x01(\tR\x10relayFingerprint\x12'\n" +
+	"\x0fplugin_warnings\x18\b \x03(\tR\x0epluginWarnings\"\xe5\x01\n" +
 	"\x06Driver\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\tR\aversion\"z\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
+	"\x06health\x18\x03 \x01(\tR\x06health\x12\x18\n" +
+	"\aoffered\x18\x04 \x01(\bR\aoffered\x12\x16\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\x12\x16\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\x12\x1a\n" +
+	"\brestarts\x18\a \x01(\rR\brestarts\x12/\n" +
+	"\x14next_start_unix_nano\x18\b \x01(\x03R\x11nextStartUnixNano\"j\n" +
+	"\fDriverReport\x121\n" +
+	"\adrivers\x18\x01 \x03(\v2\x17.obmesh.agent.v1.DriverR\adrivers\x12'\n" +
+	"\x0fplugin_warnings\x18\x02 \x03(\tR\x0epluginWarnings\"z\n" +
 	"\aWelcome\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12%\n" +
 	"\x0ecoordinator_id\x18\x02 \x01(\tR\rcoordinatorId\x122\n" +
@@ -3164,93 +3314,96 @@ func file_internal_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_internal_agentpb_agent_proto_rawDescData
 }
 
-var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*ConsoleFrame)(nil),         // 0: obmesh.agent.v1.ConsoleFrame
 	(*AgentMessage)(nil),         // 1: obmesh.agent.v1.AgentMessage
 	(*CoordinatorMessage)(nil),   // 2: obmesh.agent.v1.CoordinatorMessage
 	(*Hello)(nil),                // 3: obmesh.agent.v1.Hello
 	(*Driver)(nil),               // 4: obmesh.agent.v1.Driver
-	(*Welcome)(nil),              // 5: obmesh.agent.v1.Welcome
-	(*Redirect)(nil),             // 6: obmesh.agent.v1.Redirect
-	(*Heartbeat)(nil),            // 7: obmesh.agent.v1.Heartbeat
-	(*Node)(nil),                 // 8: obmesh.agent.v1.Node
-	(*Operation)(nil),            // 9: obmesh.agent.v1.Operation
-	(*Cancel)(nil),               // 10: obmesh.agent.v1.Cancel
-	(*ResultAck)(nil),            // 11: obmesh.agent.v1.ResultAck
-	(*FateQuery)(nil),            // 12: obmesh.agent.v1.FateQuery
-	(*FateReport)(nil),           // 13: obmesh.agent.v1.FateReport
-	(*Fate)(nil),                 // 14: obmesh.agent.v1.Fate
-	(*OperationResult)(nil),      // 15: obmesh.agent.v1.OperationResult
-	(*PowerObservation)(nil),     // 16: obmesh.agent.v1.PowerObservation
-	(*EventRequest)(nil),         // 17: obmesh.agent.v1.EventRequest
-	(*EventSpec)(nil),            // 18: obmesh.agent.v1.EventSpec
-	(*TestEvent)(nil),            // 19: obmesh.agent.v1.TestEvent
-	(*EventCapabilities)(nil),    // 20: obmesh.agent.v1.EventCapabilities
-	(*BMCSubscription)(nil),      // 21: obmesh.agent.v1.BMCSubscription
-	(*EventResult)(nil),          // 22: obmesh.agent.v1.EventResult
-	(*RelayRequest)(nil),         // 23: obmesh.agent.v1.RelayRequest
-	(*DeadLetter)(nil),           // 24: obmesh.agent.v1.DeadLetter
-	(*RelayResult)(nil),          // 25: obmesh.agent.v1.RelayResult
-	(*RelayConfig)(nil),          // 26: obmesh.agent.v1.RelayConfig
-	(*RelayNode)(nil),            // 27: obmesh.agent.v1.RelayNode
-	(*RelaySubscriber)(nil),      // 28: obmesh.agent.v1.RelaySubscriber
-	(*RelayReport)(nil),          // 29: obmesh.agent.v1.RelayReport
-	(*RelaySubscriberStats)(nil), // 30: obmesh.agent.v1.RelaySubscriberStats
-	(*RelayNodeStats)(nil),       // 31: obmesh.agent.v1.RelayNodeStats
-	(*RelayNotice)(nil),          // 32: obmesh.agent.v1.RelayNotice
-	(*RelayEvent)(nil),           // 33: obmesh.agent.v1.RelayEvent
-	nil,                          // 34: obmesh.agent.v1.Node.OptionsEntry
-	nil,                          // 35: obmesh.agent.v1.OperationResult.IdentityEntry
-	nil,                          // 36: obmesh.agent.v1.EventSpec.HeadersEntry
-	nil,                          // 37: obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	(*DriverReport)(nil),         // 5: obmesh.agent.v1.DriverReport
+	(*Welcome)(nil),              // 6: obmesh.agent.v1.Welcome
+	(*Redirect)(nil),             // 7: obmesh.agent.v1.Redirect
+	(*Heartbeat)(nil),            // 8: obmesh.agent.v1.Heartbeat
+	(*Node)(nil),                 // 9: obmesh.agent.v1.Node
+	(*Operation)(nil),            // 10: obmesh.agent.v1.Operation
+	(*Cancel)(nil),               // 11: obmesh.agent.v1.Cancel
+	(*ResultAck)(nil),            // 12: obmesh.agent.v1.ResultAck
+	(*FateQuery)(nil),            // 13: obmesh.agent.v1.FateQuery
+	(*FateReport)(nil),           // 14: obmesh.agent.v1.FateReport
+	(*Fate)(nil),                 // 15: obmesh.agent.v1.Fate
+	(*OperationResult)(nil),      // 16: obmesh.agent.v1.OperationResult
+	(*PowerObservation)(nil),     // 17: obmesh.agent.v1.PowerObservation
+	(*EventRequest)(nil),         // 18: obmesh.agent.v1.EventRequest
+	(*EventSpec)(nil),            // 19: obmesh.agent.v1.EventSpec
+	(*TestEvent)(nil),            // 20: obmesh.agent.v1.TestEvent
+	(*EventCapabilities)(nil),    // 21: obmesh.agent.v1.EventCapabilities
+	(*BMCSubscription)(nil),      // 22: obmesh.agent.v1.BMCSubscription
+	(*EventResult)(nil),          // 23: obmesh.agent.v1.EventResult
+	(*RelayRequest)(nil),         // 24: obmesh.agent.v1.RelayRequest
+	(*DeadLetter)(nil),           // 25: obmesh.agent.v1.DeadLetter
+	(*RelayResult)(nil),          // 26: obmesh.agent.v1.RelayResult
+	(*RelayConfig)(nil),          // 27: obmesh.agent.v1.RelayConfig
+	(*RelayNode)(nil),            // 28: obmesh.agent.v1.RelayNode
+	(*RelaySubscriber)(nil),      // 29: obmesh.agent.v1.RelaySubscriber
+	(*RelayReport)(nil),          // 30: obmesh.agent.v1.RelayReport
+	(*RelaySubscriberStats)(nil), // 31: obmesh.agent.v1.RelaySubscriberStats
+	(*RelayNodeStats)(nil),       // 32: obmesh.agent.v1.RelayNodeStats
+	(*RelayNotice)(nil),          // 33: obmesh.agent.v1.RelayNotice
+	(*RelayEvent)(nil),           // 34: obmesh.agent.v1.RelayEvent
+	nil,                          // 35: obmesh.agent.v1.Node.OptionsEntry
+	nil,                          // 36: obmesh.agent.v1.OperationResult.IdentityEntry
+	nil,                          // 37: obmesh.agent.v1.EventSpec.HeadersEntry
+	nil,                          // 38: obmesh.agent.v1.RelaySubscriber.HeadersEntry
 }
 var file_internal_agentpb_agent_proto_depIdxs = []int32{
 	3,  // 0: obmesh.agent.v1.AgentMessage.hello:type_name -> obmesh.agent.v1.Hello
-	15, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
-	7,  // 2: obmesh.agent.v1.AgentMessage.heartbeat:type_name -> obmesh.agent.v1.Heartbeat
-	29, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
-	33, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
-	13, // 5: obmesh.agent.v1.AgentMessage.fate_report:type_name -> obmesh.agent.v1.FateReport
-	5,  // 6: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
-	9,  // 7: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
-	10, // 8: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
-	6,  // 9: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
-	26, // 10: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
-	11, // 11: obmesh.agent.v1.CoordinatorMessage.result_ack:type_name -> obmesh.agent.v1.ResultAck
-	12, // 12: obmesh.agent.v1.CoordinatorMessage.fate_query:type_name -> obmesh.agent.v1.FateQuery
-	4,  // 13: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
-	34, // 14: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
-	8,  // 15: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
-	17, // 16: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
-	23, // 17: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
-	14, // 18: obmesh.agent.v1.FateReport.fates:type_name -> obmesh.agent.v1.Fate
-	35, // 19: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
-	22, // 20: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
-	25, // 21: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
-	16, // 22: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
-	18, // 23: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
-	19, // 24: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
-	36, // 25: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
-	20, // 26: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
-	21, // 27: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
-	21, // 28: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
-	24, // 29: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
-	27, // 30: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
-	28, // 31: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
-	37, // 32: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
-	30, // 33: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
-	31, // 34: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
-	32, // 35: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
-	1,  // 36: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
-	0,  // 37: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
-	2,  // 38: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
-	0,  // 39: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
-	38, // [38:40] is the sub-list for method output_type
-	36, // [36:38] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	16, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
+	8,  // 2: obmesh.agent.v1.AgentMessage.heartbeat:type_name -> obmesh.agent.v1.Heartbeat
+	30, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
+	34, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
+	14, // 5: obmesh.agent.v1.AgentMessage.fate_report:type_name -> obmesh.agent.v1.FateReport
+	5,  // 6: obmesh.agent.v1.AgentMessage.driver_report:type_name -> obmesh.agent.v1.DriverReport
+	6,  // 7: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
+	10, // 8: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
+	11, // 9: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
+	7,  // 10: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
+	27, // 11: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
+	12, // 12: obmesh.agent.v1.CoordinatorMessage.result_ack:type_name -> obmesh.agent.v1.ResultAck
+	13, // 13: obmesh.agent.v1.CoordinatorMessage.fate_query:type_name -> obmesh.agent.v1.FateQuery
+	4,  // 14: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
+	4,  // 15: obmesh.agent.v1.DriverReport.drivers:type_name -> obmesh.agent.v1.Driver
+	35, // 16: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
+	9,  // 17: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
+	18, // 18: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
+	24, // 19: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
+	15, // 20: obmesh.agent.v1.FateReport.fates:type_name -> obmesh.agent.v1.Fate
+	36, // 21: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
+	23, // 22: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
+	26, // 23: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
+	17, // 24: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
+	19, // 25: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
+	20, // 26: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
+	37, // 27: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
+	21, // 28: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
+	22, // 29: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
+	22, // 30: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
+	25, // 31: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
+	28, // 32: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
+	29, // 33: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
+	38, // 34: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	31, // 35: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
+	32, // 36: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
+	33, // 37: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
+	1,  // 38: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
+	0,  // 39: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
+	2,  // 40: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
+	0,  // 41: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
+	40, // [40:42] is the sub-list for method output_type
+	38, // [38:40] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_internal_agentpb_agent_proto_init() }
@@ -3265,6 +3418,7 @@ func file_internal_agentpb_agent_proto_init() {
 		(*AgentMessage_RelayReport)(nil),
 		(*AgentMessage_RelayEvent)(nil),
 		(*AgentMessage_FateReport)(nil),
+		(*AgentMessage_DriverReport)(nil),
 	}
 	file_internal_agentpb_agent_proto_msgTypes[2].OneofWrappers = []any{
 		(*CoordinatorMessage_Welcome)(nil),
@@ -3281,7 +3435,7 @@ func file_internal_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_agentpb_agent_proto_rawDesc), len(file_internal_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   38,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
