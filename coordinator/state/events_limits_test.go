@@ -225,3 +225,90 @@ func TestTombstones_KeepExactlyTheLimit(t *testing.T) {
 		t.Fatalf("past the limit: %d tombstones from %s to %s", len(got), got[0].SID, got[len(got)-1].SID)
 	}
 }
+
+func TestSubscriptionLists_AreSortedAndFiltered(t *testing.T) {
+	s, key := withNode(t)
+	mustApply(t, s, 2, RegisterNode{Node: Node{Name: "n2", Driver: "redfish", Site: "default"}})
+	idx := uint64(2)
+	for _, id := range []string{"sub-m", "sub-c", "sub-x", "sub-a"} {
+		idx++
+		if r := mustApply(t, s, idx, CreateSubscription{Subscription: testSub(id, "n1", key)}); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	for _, sid := range []string{"CCCCCCCCCCCCCCCCCCCCCC", sidB, sidA} {
+		idx++
+		b := BMCSub{ID: sid, Node: "n1", Owner: fmt.Sprintf("owner-%s", sid[:1]), Token: sealed(3), State: SubPending}
+		if r := mustApply(t, s, idx, PutBMCSub{Sub: b, Create: true}); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	for _, node := range []string{"n1", ""} {
+		var ids []string
+		for _, x := range s.Subscriptions(node) {
+			ids = append(ids, x.ID)
+		}
+		if strings.Join(ids, " ") != "sub-a sub-c sub-m sub-x" {
+			t.Errorf("Subscriptions(%q) = %v, want sorted", node, ids)
+		}
+		ids = nil
+		for _, b := range s.BMCSubs(node) {
+			ids = append(ids, b.ID)
+		}
+		if strings.Join(ids, " ") != sidA+" "+sidB+" CCCCCCCCCCCCCCCCCCCCCC" {
+			t.Errorf("BMCSubs(%q) = %v, want sorted", node, ids)
+		}
+	}
+	if got := s.Subscriptions("n2"); len(got) != 0 {
+		t.Errorf("Subscriptions(n2) = %v", got)
+	}
+	s.addTombstone(Tombstone{Node: "n1", SID: sidA})
+	s.addTombstone(Tombstone{Node: "n2", SID: sidB})
+	if got := s.Tombstones(""); len(got) != 2 {
+		t.Errorf("Tombstones(\"\") = %v, want both nodes'", got)
+	}
+	if got := s.Tombstones("n2"); len(got) != 1 || got[0].SID != sidB {
+		t.Errorf("Tombstones(n2) = %v", got)
+	}
+}
+
+func TestUpdateSubscriptionCounters_Limit(t *testing.T) {
+	s, key := withNode(t)
+	mustApply(t, s, 2, CreateSubscription{Subscription: testSub("sub-a", "n1", key)})
+	many := func(n int) []SubscriptionCounters {
+		out := make([]SubscriptionCounters, n)
+		for i := range out {
+			out[i] = SubscriptionCounters{ID: "sub-a", Delivered: 1}
+		}
+		return out
+	}
+	if r := mustApply(t, s, 3, UpdateSubscriptionCounters{Counters: many(10000)}); r.Err != nil {
+		t.Fatalf("10000 counters: %v", r.Err)
+	}
+	if r := mustApply(t, s, 4, UpdateSubscriptionCounters{Counters: many(10001)}); !errors.Is(r.Err, ErrInvalid) {
+		t.Fatalf("10001 counters: %v, want refused", r.Err)
+	}
+}
+
+func TestValidDestination_HTTPRefusalSaysHowToAllowIt(t *testing.T) {
+	err := ValidDestination("http://hooks.example/x", false)
+	if err == nil || !strings.Contains(err.Error(), "allow_http_destinations") {
+		t.Fatalf("http refused with %v, want the setting named", err)
+	}
+	if err := ValidDestination("gopher://hooks.example/x", false); err == nil || !strings.Contains(err.Error(), "must be https") {
+		t.Fatalf("another scheme refused with %v", err)
+	}
+}
+
+func TestSetNodeToken_FieldLimits(t *testing.T) {
+	for _, tc := range []struct {
+		salt, hash int
+		ok         bool
+	}{{maxTokenFieldBytes, maxTokenFieldBytes, true}, {maxTokenFieldBytes + 1, 1, false}, {1, maxTokenFieldBytes + 1, false}, {0, 1, false}, {1, 0, false}} {
+		s, _ := withNode(t)
+		r := mustApply(t, s, 2, SetNodeToken{Name: "n1", Salt: make([]byte, tc.salt), Hash: make([]byte, tc.hash)})
+		if (r.Err == nil) != tc.ok {
+			t.Errorf("salt %d hash %d: %v, want ok %v", tc.salt, tc.hash, r.Err, tc.ok)
+		}
+	}
+}
