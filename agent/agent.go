@@ -9,6 +9,20 @@
 // subscription operations (event_*) and relay operations (relay_*) are
 // fenced the same way.
 //
+// No late surprises: an operation also carries a start-by deadline. The
+// agent refuses (class "not_started") one it receives after it, or that
+// reaches the BMC's turn in the per-BMC queue after it (a stalled link, a
+// stopped agent, a long queue): no BMC action begins after its start-by
+// deadline.
+//
+// Results: every result goes into a bounded outbox and stays there until a
+// coordinator acknowledges it (ResultAck, sent once the receipt is
+// recorded); the outbox is re-sent on every new link, so a result written
+// into a link that died silently is not lost. A FateQuery about an
+// operation is answered "kept" (its result is re-sent), "running",
+// "never_run" (never received since this agent started and within what it
+// remembers: it is refused from then on) or "forgotten".
+//
 // # The event relay
 //
 // With [relay] configured the agent runs the BMC event relay (package
@@ -47,6 +61,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -83,9 +98,17 @@ type Agent struct {
 	opsWG    sync.WaitGroup
 	outMu    sync.Mutex
 	outSend  func(*agentpb.AgentMessage) error // the current link's sender, nil between links
-	late     []*agentpb.AgentMessage
+	outbox   map[string]*agentpb.AgentMessage  // results not yet acknowledged, by operation id
+	outOrd   []string                          // outbox ids, oldest first
 	opsMu    sync.Mutex
 	inflight map[string]context.CancelFunc
+	// seen remembers the operations this process received (by id, with
+	// when), refused those it answered "never_run" for; horizon is when
+	// its memory begins (start, or the newest id it had to forget).
+	seen    map[string]time.Time
+	seenOrd []string
+	refused map[string]bool
+	horizon time.Time
 
 	// The event relay; nil when [relay] is off. relayUp is true while it
 	// runs (announced in hellos).
@@ -100,34 +123,138 @@ type Agent struct {
 	sessCancel context.CancelFunc // ends the current link (to announce a change)
 }
 
-// maxLate bounds the results kept for the next link.
-const maxLate = 256
+// maxOutbox bounds the unacknowledged results kept; maxSeen the operation
+// ids remembered for fate queries.
+const (
+	maxOutbox = 1024
+	maxSeen   = 16384
+)
 
-// deliver sends a result on the current link, or keeps it for the next.
+// fateSkew is the clock difference between coordinator and agent that a
+// "never_run" answer allows for.
+const fateSkew = 2 * time.Second
+
+// deliver puts a result in the outbox and sends it on the current link, if
+// any; it stays in the outbox until acknowledged.
 func (a *Agent) deliver(m *agentpb.AgentMessage) {
 	a.outMu.Lock()
 	defer a.outMu.Unlock()
-	if a.outSend != nil && a.outSend(m) == nil {
-		return
+	id := m.GetResult().GetId()
+	if _, ok := a.outbox[id]; !ok {
+		a.outOrd = append(a.outOrd, id)
 	}
-	a.late = append(a.late, m)
-	if len(a.late) > maxLate {
-		a.late = a.late[len(a.late)-maxLate:]
+	a.outbox[id] = m
+	for len(a.outOrd) > maxOutbox {
+		old := a.outOrd[0]
+		a.outOrd = a.outOrd[1:]
+		if _, ok := a.outbox[old]; ok {
+			delete(a.outbox, old)
+			a.logger.Warn("outbox full: dropped the oldest unacknowledged result", "op", old)
+		}
+	}
+	if a.outSend != nil {
+		a.outSend(m)
 	}
 }
 
-// attach makes send the current link's sender and flushes kept results.
+// acked drops acknowledged results from the outbox.
+func (a *Agent) acked(ids []string) {
+	a.outMu.Lock()
+	defer a.outMu.Unlock()
+	for _, id := range ids {
+		delete(a.outbox, id)
+	}
+	if len(a.outbox) == 0 {
+		a.outOrd = a.outOrd[:0]
+	} else if len(a.outOrd) > 2*len(a.outbox)+64 {
+		a.outOrd = slices.DeleteFunc(a.outOrd, func(id string) bool { _, ok := a.outbox[id]; return !ok })
+	}
+}
+
+// attach makes send the current link's sender and re-sends the outbox.
 func (a *Agent) attach(send func(*agentpb.AgentMessage) error) {
 	a.outMu.Lock()
 	defer a.outMu.Unlock()
 	a.outSend = send
-	for len(a.late) > 0 {
-		if send(a.late[0]) != nil {
-			return
+	n := 0
+	for _, id := range a.outOrd {
+		if m, ok := a.outbox[id]; ok {
+			if send(m) != nil {
+				return
+			}
+			n++
 		}
-		a.logger.Info("sent a result kept from a previous link", "op", a.late[0].GetResult().GetId())
-		a.late = a.late[1:]
 	}
+	if n > 0 {
+		a.logger.Info("re-sent unacknowledged results on the new link", "results", n)
+	}
+}
+
+// receive notes an operation this process got. It reports false for one
+// it answered "never_run" for (refused for good).
+func (a *Agent) receive(id string) bool {
+	a.opsMu.Lock()
+	defer a.opsMu.Unlock()
+	if a.refused[id] {
+		return false
+	}
+	if _, ok := a.seen[id]; !ok {
+		a.seenOrd = append(a.seenOrd, id)
+	}
+	now := time.Now()
+	a.seen[id] = now
+	for len(a.seenOrd) > maxSeen {
+		old := a.seenOrd[0]
+		a.seenOrd = a.seenOrd[1:]
+		a.horizon = a.seen[old]
+		delete(a.seen, old)
+		delete(a.refused, old)
+	}
+	return true
+}
+
+// fates answers a FateQuery; results still in the outbox are re-sent.
+func (a *Agent) fates(q *agentpb.FateQuery) *agentpb.AgentMessage {
+	rep := &agentpb.FateReport{}
+	for i, id := range q.Ids {
+		var sent time.Time
+		if i < len(q.SentUnixNano) {
+			sent = time.Unix(0, q.SentUnixNano[i])
+		}
+		a.outMu.Lock()
+		m, kept := a.outbox[id]
+		send := a.outSend
+		a.outMu.Unlock()
+		if kept {
+			if send != nil {
+				send(m)
+			}
+			rep.Fates = append(rep.Fates, &agentpb.Fate{Id: id, State: "kept"})
+			continue
+		}
+		a.opsMu.Lock()
+		_, running := a.inflight[id]
+		_, seen := a.seen[id]
+		st := "forgotten"
+		switch {
+		case running:
+			st = "running"
+		case a.refused[id]:
+			st = "never_run"
+		case !seen && !sent.IsZero() && sent.After(a.horizon.Add(fateSkew)):
+			// Sent after this process started (and after anything it had
+			// to forget): had it arrived, it would be remembered. Operations
+			// arrive only on a live link, and this query came on the link
+			// that replaced the sender's: it never will. Refuse it anyway.
+			a.refused[id] = true
+			a.seen[id] = time.Now()
+			a.seenOrd = append(a.seenOrd, id)
+			st = "never_run"
+		}
+		a.opsMu.Unlock()
+		rep.Fates = append(rep.Fates, &agentpb.Fate{Id: id, State: st})
+	}
+	return &agentpb.AgentMessage{Msg: &agentpb.AgentMessage_FateReport{FateReport: rep}}
 }
 
 func (a *Agent) detach() {
@@ -136,8 +263,8 @@ func (a *Agent) detach() {
 	a.outMu.Unlock()
 }
 
-// New validates cfg and returns an agent. It does no I/O beyond listing the
-// plugin directory.
+// New validates cfg and returns an agent. It does no I/O: Run reads the
+// plugin directory and starts the plugins.
 func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("agent config: %w", err)
@@ -154,13 +281,11 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	for _, name := range cfg.Plugins.Builtin {
 		cmds[name] = func() *exec.Cmd { return mk(name) }
 	}
-	cmds, err := pluginhost.Discover(cfg.Plugins.Dir, cmds)
-	if err != nil {
-		return nil, err
-	}
 	logger = logger.With("agent", cfg.ID)
-	a := &Agent{cfg: cfg, logger: logger, inflight: map[string]context.CancelFunc{}, relayKick: make(chan struct{}, 1), relayAck: make(chan struct{}, 1),
-		host: pluginhost.New(pluginhost.Config{Commands: cmds, RestartBackoff: cfg.Plugins.RestartBackoff.D()}, logger)}
+	a := &Agent{cfg: cfg, logger: logger, inflight: map[string]context.CancelFunc{}, relayKick: make(chan struct{}, 1),
+		outbox: map[string]*agentpb.AgentMessage{}, seen: map[string]time.Time{}, refused: map[string]bool{}, horizon: time.Now(), relayAck: make(chan struct{}, 1),
+		host: pluginhost.New(pluginhost.Config{Commands: cmds, Dir: cfg.Plugins.Dir, RestartBackoff: cfg.Plugins.RestartBackoff.D(),
+			RescanInterval: cfg.Plugins.RescanInterval.D()}, logger)}
 	if cfg.Relay.Enabled() {
 		r, err := relay.New(relay.Config{Listen: cfg.Relay.Listen, Advertise: cfg.Relay.Advertise,
 			CertFile: cfg.Relay.CertFile, KeyFile: cfg.Relay.KeyFile, DataDir: cfg.Relay.DataDir}, logger.With("component", "relay"))
@@ -185,13 +310,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	if err := a.host.Start(); err != nil {
-		a.host.Run(context.Background()) // stops whatever did start
-		return fmt.Errorf("agent: no driver plugin could be started: %w", err)
-	}
+	// Plugins start in the background: one that fails or hangs is
+	// reported (and not offered), never waited for here.
+	a.host.Start()
 	var wg sync.WaitGroup
 	hctx, hcancel := context.WithCancel(context.Background())
 	wg.Go(func() { a.host.Run(hctx) })
+	wg.Go(func() { a.rescanOnHangup(hctx) })
 	// The relay outlives the links (it stops after them, when Run returns):
 	// BMCs keep posting while the agent looks for a leader.
 	rctx, rcancel := context.WithCancel(context.Background())
@@ -304,9 +429,7 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 	if relayOn {
 		hello.RelayUrl, hello.RelayFingerprint = a.relay.URL(), a.relay.Fingerprint()
 	}
-	for _, d := range a.host.Drivers() {
-		hello.Drivers = append(hello.Drivers, &agentpb.Driver{Name: d.Name, Version: d.Version})
-	}
+	hello.Drivers, hello.PluginWarnings = driversPB(a.host), a.host.Warnings()
 	// The hello exchange is bounded: a coordinator that accepts the TCP
 	// connection but never answers must not hold the agent.
 	helloTimer := time.AfterFunc(a.cfg.Link.DialTimeout.D(), cancel)
@@ -337,6 +460,7 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 	defer cancel() // runs before wg.Wait: ends heartbeats and consoles
 	a.attach(send)
 	defer a.detach()
+	wg.Go(func() { a.reportDrivers(sctx, send, cancel) })
 	if relayOn {
 		wg.Go(func() { a.reportRelay(sctx, send, cancel) })
 		wg.Go(func() { a.forwardEvents(sctx, send, cancel) })
@@ -368,9 +492,14 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 		switch {
 		case m.GetOperation() != nil:
 			op := m.GetOperation()
+			if !a.receive(op.Id) {
+				a.logger.Warn("refusing an operation this agent reported as never run", "op", op.Id)
+				a.deliver(result(op.Id, time.Now(), 0, sdk.Errorf(classNotStarted, "operation refused: this agent already told a coordinator it never began it"), nil))
+				continue
+			}
 			if op.Epoch < a.highestEpoch.Load() {
 				a.logger.Warn("refusing operation from a stale epoch", "op", op.Id, "epoch", op.Epoch, "highest", a.highestEpoch.Load())
-				send(result(op.Id, time.Now(), 0, sdk.Errorf("rejected", "operation from epoch %d refused: this agent has seen epoch %d", op.Epoch, a.highestEpoch.Load()), nil))
+				a.deliver(result(op.Id, time.Now(), 0, sdk.Errorf("rejected", "operation from epoch %d refused: this agent has seen epoch %d", op.Epoch, a.highestEpoch.Load()), nil))
 				continue
 			}
 			a.raiseEpoch(op.Epoch)
@@ -378,7 +507,12 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 				// Delivered after its deadline (a link that stalled and
 				// came back): the caller has given up; never run it late.
 				a.logger.Warn("refusing an operation delivered after its deadline", "op", op.Id, "late_by", time.Since(dl))
-				send(result(op.Id, time.Now(), 0, sdk.Errorf("rejected", "operation delivered %v after its deadline; not carried out", time.Since(dl).Round(time.Millisecond)), nil))
+				a.deliver(result(op.Id, time.Now(), 0, sdk.Errorf(classNotStarted, "operation delivered %v after its deadline; not carried out", time.Since(dl).Round(time.Millisecond)), nil))
+				continue
+			}
+			if late := lateStart(op, time.Now()); late > 0 {
+				a.logger.Warn("refusing an operation received after its start-by deadline", "op", op.Id, "late_by", late)
+				a.deliver(result(op.Id, time.Now(), 0, sdk.Errorf(classNotStarted, "operation received %v after its start-by deadline; not carried out", late.Round(time.Millisecond)), nil))
 				continue
 			}
 			deadline := time.Unix(0, op.DeadlineUnixNano).Add(-resultMargin)
@@ -411,6 +545,10 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 			})
 		case m.GetRelayConfig() != nil:
 			a.queueRelayConfig(m.GetRelayConfig())
+		case m.GetResultAck() != nil:
+			a.acked(m.GetResultAck().Ids)
+		case m.GetFateQuery() != nil:
+			send(a.fates(m.GetFateQuery()))
 		case m.GetCancel() != nil:
 			a.opsMu.Lock()
 			if c, ok := a.inflight[m.GetCancel().Id]; ok {
@@ -426,6 +564,21 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 // resultMargin is taken off an operation's deadline so a timeout result
 // still reaches the coordinator before it gives up.
 const resultMargin = 250 * time.Millisecond
+
+// classNotStarted is the error class of an operation the agent refused
+// without beginning it (past its start-by deadline, or reported as never
+// run): nothing happened on the BMC.
+const classNotStarted = "not_started"
+
+// lateStart reports how long past its start-by deadline (or, without one,
+// its deadline) now is; zero or less means it may start.
+func lateStart(op *agentpb.Operation, now time.Time) time.Duration {
+	sb := op.StartByUnixNano
+	if sb == 0 {
+		sb = op.DeadlineUnixNano
+	}
+	return now.Sub(time.Unix(0, sb))
+}
 
 func (a *Agent) raiseEpoch(e uint64) {
 	for {
@@ -547,6 +700,12 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 		return result(op.Id, start, time.Since(start), err, nil)
 	}
 	err := a.host.Do(ctx, pn.Driver, n, func(ctx context.Context, b sdk.BMC) error {
+		if late := lateStart(op, time.Now()); late > 0 {
+			// Its turn at the BMC came too late (a long queue, a stopped
+			// process): the caller has been told it did not happen in time.
+			a.logger.Warn("refusing an operation whose turn at the BMC came after its start-by deadline", "op", op.Id, "late_by", late)
+			return sdk.Errorf(classNotStarted, "operation reached the BMC %v after its start-by deadline; not carried out", late.Round(time.Millisecond))
+		}
 		t0 := time.Now()
 		defer func() { pluginTime = time.Since(t0) }()
 		switch op.Action {
@@ -596,7 +755,7 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 		}
 		return sdk.Errorf(sdk.ClassInvalid, "unknown action %q", op.Action)
 	})
-	err = scrub(err, eventSecrets(op.GetEvent(), pn.Password)...)
+	err = scrub(interrupted(op.Action, err), eventSecrets(op.GetEvent(), pn.Password)...)
 	a.logger.Info("operation", "op", op.Id, "node", pn.Name, "action", op.Action, "ok", err == nil, "class", sdk.ClassOf(err))
 	m := result(op.Id, start, pluginTime, err, status)
 	if err == nil {

@@ -162,8 +162,8 @@ func TestAgent_HelloOperationsAndFencing(t *testing.T) {
 	late := op("late", 6, "power_off")
 	late.GetOperation().DeadlineUnixNano = time.Now().Add(-time.Second).UnixNano()
 	s.Send(late)
-	if r := recvResult(t, s); r.ErrorClass != "rejected" {
-		t.Fatalf("operation delivered after its deadline = %v, want rejected", r)
+	if r := recvResult(t, s); r.ErrorClass != "not_started" {
+		t.Fatalf("operation delivered after its deadline = %v, want not_started", r)
 	}
 	s.Send(op("op5", 6, "explode"))
 	if r := recvResult(t, s); r.ErrorClass != "invalid_argument" {
