@@ -48,8 +48,12 @@ type PluginsConfig struct {
 	Builtin []string `toml:"builtin"`
 	// Dir holds third-party plugins named obmesh-plugin-<driver>.
 	Dir string `toml:"dir"`
-	// RestartBackoff is the wait between failed plugin restarts.
+	// RestartBackoff is the first wait after a plugin failed to start; it
+	// doubles with each failure in a row, up to 2m.
 	RestartBackoff config.Duration `toml:"restart_backoff"`
+	// RescanInterval is how often Dir is read again for added, replaced
+	// and removed plugins (SIGHUP rescans at once); zero means 10s.
+	RescanInterval config.Duration `toml:"rescan_interval"`
 }
 
 // LinkConfig tunes the coordinator link.

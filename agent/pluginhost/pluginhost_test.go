@@ -19,6 +19,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	servePluginMode() // lifecycle_test.go
 	sdktest.ServeIfPlugin(mock.New())
 	os.Exit(m.Run())
 }
@@ -33,13 +34,16 @@ func newHostCfg(t *testing.T, cfg Config) *Host {
 	cfg.Commands = map[string]func() *exec.Cmd{"mock": sdktest.SelfCommand}
 	cfg.RestartBackoff = 50 * time.Millisecond
 	h := New(cfg, logging.Discard())
-	if err := h.Start(); err != nil {
-		t.Fatal(err)
-	}
+	h.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
+	rctx, rcancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer rcancel()
+	if err := h.Ready(rctx); err != nil {
+		t.Fatal(err)
+	}
 	return h
 }
 
