@@ -1,0 +1,170 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/obmesh/obmesh/coordinator/api"
+)
+
+func TestEscaper(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		chunks []string
+		sent   string
+		act    escAction
+	}{
+		{"plain text", []string{"ls -l\r"}, "ls -l\r", escNone},
+		{"leave at the start", []string{"~."}, "", escLeave},
+		{"leave after a line", []string{"echo\r~.more"}, "echo\r", escLeave},
+		{"leave split across reads", []string{"x\r~", "."}, "x\r", escLeave},
+		{"not at a line start", []string{"a~."}, "a~.", escNone},
+		{"help", []string{"~?ab"}, "ab", escHelp},
+		{"literal tilde", []string{"~~."}, "~.", escNone},
+		{"tilde then other", []string{"~x"}, "~x", escNone},
+		{"ctrl-c goes through", []string{"\x03"}, "\x03", escNone},
+		{"after LF too", []string{"a\n~."}, "a\n", escLeave},
+	} {
+		e := &escaper{atLineStart: true}
+		var sent []byte
+		act := escNone
+		for _, ch := range c.chunks {
+			out, a := e.feed([]byte(ch))
+			sent = append(sent, out...)
+			if a != escNone {
+				act = a
+			}
+			if a == escLeave {
+				break
+			}
+		}
+		if string(sent) != c.sent || act != c.act {
+			t.Errorf("%s: sent %q, action %d; want %q, %d", c.name, sent, act, c.sent, c.act)
+		}
+	}
+}
+
+// consoleServer serves /v1/status and a WebSocket console that writes
+// "hello" and records what it receives.
+type consoleServer struct {
+	mu   sync.Mutex
+	got  bytes.Buffer
+	done chan struct{}
+}
+
+func (c *consoleServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/status" {
+		json.NewEncoder(w).Encode(api.Status{ID: "c1", IsLeader: true})
+		return
+	}
+	ws, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return
+	}
+	defer close(c.done)
+	ws.Write(r.Context(), websocket.MessageBinary, []byte("hello from the node\n"))
+	for {
+		_, msg, err := ws.Read(r.Context())
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		c.got.Write(msg)
+		c.mu.Unlock()
+	}
+}
+
+func (c *consoleServer) received() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.got.String()
+}
+
+// The console prints its banner, shows the node's output, sends what is
+// typed up to the ~. escape, and leaves with exit 0; with -ro nothing
+// typed is sent.
+func TestConsole_EscapeBannerAndReadOnly(t *testing.T) {
+	for _, ro := range []bool{false, true} {
+		cs := &consoleServer{done: make(chan struct{})}
+		srv := httptest.NewServer(cs)
+		pr, pw := io.Pipe()
+		var out, errb syncBuffer
+		env := Env{Stdin: pr, Stdout: &out, Stderr: &errb,
+			Getenv: func(k string) string { return map[string]string{"OBMESH_ADDR": srv.URL, "OBMESH_TOKEN": "t"}[k] }}
+		args := []string{"console", "n1"}
+		if ro {
+			args = append(args, "-ro")
+		}
+		codeCh := make(chan int, 1)
+		go func() { codeCh <- (&Command{Subs: Commands()}).Execute(context.Background(), env, args) }()
+		waitFor(t, func() bool { return strings.Contains(out.String(), "hello from the node") })
+		pw.Write([]byte("uptime\r"))
+		if !ro {
+			waitFor(t, func() bool { return cs.received() == "uptime\r" })
+		}
+		pw.Write([]byte("~."))
+		var code int
+		select {
+		case code = <-codeCh:
+		case <-time.After(10 * time.Second):
+			t.Fatal("~. did not leave the console")
+		}
+		pw.Close()
+		<-cs.done
+		srv.Close()
+		e := errb.String()
+		if code != 0 || !strings.Contains(e, "connected to n1") || !strings.Contains(e, "disconnected from n1") {
+			t.Errorf("ro %v: exit %d, stderr %q", ro, code, e)
+		}
+		if ro && (cs.received() != "" || !strings.Contains(e, "read-only")) {
+			t.Errorf("-ro sent %q; stderr %q", cs.received(), e)
+		}
+	}
+}
+
+// console -h exits 0 and offers no -o.
+func TestConsole_Help(t *testing.T) {
+	code, _, errs := runWith(t, context.Background(), "http://127.0.0.1:1", "console", "-h")
+	if code != 0 || !strings.Contains(errs, "Usage: obmesh console NODE") || strings.Contains(errs, "\n  -o ") || !strings.Contains(errs, "-ro") {
+		t.Errorf("exit %d:\n%s", code, errs)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// waitFor polls cond until it holds or 10s pass.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
