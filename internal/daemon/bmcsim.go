@@ -18,8 +18,12 @@ func runBMCSim(ctx context.Context, env cli.Env, args []string) int {
 	mockup := fs.String("mockup", "public-rackmount1", "DMTF mockup the Redfish BMCs serve: "+strings.Join(bmcsim.Mockups(), ", "))
 	user := fs.String("user", "admin", "BMC user name")
 	output := fs.String("o", "table", "output: table or json")
-	if _, err := cli.Parse(fs, args); err != nil {
-		return 2
+	pos, code, ok := parse(fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) > 0 {
+		return cli.Usagef(env, "unexpected argument %q", pos[0])
 	}
 	if *nIPMI < 0 || *nIPMI > 20000 {
 		return fail(env, "bmcsim", fmt.Errorf("-ipmi must be between 0 and 20000"))

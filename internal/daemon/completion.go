@@ -142,12 +142,13 @@ fi
 func completionCommand(root *cli.Command) *cli.Command {
 	run := func(write func(io.Writer, *cli.Command)) func(context.Context, cli.Env, []string) int {
 		return func(_ context.Context, env cli.Env, args []string) int {
-			if len(args) > 0 {
-				fmt.Fprintln(env.Stderr, "Usage: obmesh completion bash|zsh")
-				if args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
-					return 0
-				}
-				return 2
+			fs := cli.NewFlagSet(env, "", "Prints the completion script on stdout.")
+			pos, code, ok := cli.ParseFlags(fs, args)
+			if !ok {
+				return code
+			}
+			if len(pos) > 0 {
+				return cli.Usagef(env, "unexpected argument %q", pos[0])
 			}
 			write(env.Stdout, root)
 			return 0

@@ -12,7 +12,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -62,18 +61,26 @@ func Root() *cli.Command {
 	return root
 }
 
+// newFlagSet returns a leaf's flag set. usage is the command's path below
+// obmesh and its arguments ("tls ca create -dir DIR"); the usage line shows
+// the full path the command was run as (env.Path) and the arguments.
 func newFlagSet(env cli.Env, name, usage string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(env.Stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(env.Stderr, "Usage: obmesh %s\n\nFlags:\n", usage)
-		fs.PrintDefaults()
-	}
-	return fs
+	return cli.NewFlagSet(env, strings.TrimSpace(strings.TrimPrefix(usage, name)), "")
 }
 
+// parse parses a leaf's flags: ok is false when the command must stop
+// with code (0 after -h, 2 after a flag error).
+func parse(fs *flag.FlagSet, args []string) (pos []string, code int, ok bool) {
+	return cli.ParseFlags(fs, args)
+}
+
+// fail prints err as the command's one error line and returns 1.
 func fail(env cli.Env, name string, err error) int {
-	fmt.Fprintf(env.Stderr, "obmesh %s: %v\n", name, err)
+	path := env.Path
+	if path == "" {
+		path = "obmesh " + name
+	}
+	fmt.Fprintf(env.Stderr, "%s: error: %v\n", path, err)
 	return 1
 }
 
@@ -97,8 +104,12 @@ func runDaemon[C any](ctx context.Context, env cli.Env, args []string, name, usa
 	fs := newFlagSet(env, name, usage)
 	path := fs.String("config", "", name+" config file (TOML)")
 	lvl := fs.String("log-level", "", "override log_level")
-	if _, err := cli.Parse(fs, args); err != nil {
-		return 2
+	pos, code, ok := parse(fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) > 0 {
+		return cli.Usagef(env, "unexpected argument %q (use -config FILE)", pos[0])
 	}
 	if *path == "" {
 		fs.Usage()
@@ -189,27 +200,37 @@ func Builtin(name string) (sdk.Driver, bool) {
 }
 
 func runPlugin(_ context.Context, env cli.Env, args []string) int {
-	if len(args) != 1 {
-		fmt.Fprintf(env.Stderr, "Usage: obmesh plugin NAME (one of %s); the agent starts plugins itself\n", strings.Join(agent.Builtins, ", "))
+	fs := cli.NewFlagSet(env, "NAME", "Serves a built-in driver ("+strings.Join(agent.Builtins, ", ")+") as a plugin process. The agent starts plugins itself.")
+	pos, code, ok := parse(fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 {
+		fs.Usage()
 		return 2
 	}
-	d, ok := Builtin(args[0])
+	d, ok := Builtin(pos[0])
 	if !ok {
-		return fail(env, "plugin", fmt.Errorf("no built-in driver %q", args[0]))
+		return fail(env, "plugin", fmt.Errorf("no built-in driver %q", pos[0]))
 	}
 	sdk.Serve(d)
 	return 0
 }
 
 func runKeyringCreate(_ context.Context, env cli.Env, args []string) int {
-	if len(args) != 1 {
-		fmt.Fprintln(env.Stderr, "Usage: obmesh keyring create FILE")
+	fs := cli.NewFlagSet(env, "FILE", "Creates a keyring file (mode 0600) with a new AES-256 key; an existing FILE is kept. Give every coordinator of the group the same file.")
+	pos, code, ok := parse(fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 {
+		fs.Usage()
 		return 2
 	}
-	if err := seal.Create(args[0]); err != nil {
+	if err := seal.Create(pos[0]); err != nil {
 		return fail(env, "keyring create", err)
 	}
-	fmt.Fprintf(env.Stdout, "created keyring %s (mode 0600); give every coordinator of the group the same file\n", args[0])
+	fmt.Fprintf(env.Stdout, "created keyring %s (mode 0600); give every coordinator of the group the same file\n", pos[0])
 	return 0
 }
 
@@ -218,8 +239,12 @@ func tlsCommand() *cli.Command {
 		fs := newFlagSet(env, "tls ca create", "tls ca create -dir DIR")
 		dir := fs.String("dir", ".", "directory for ca.pem and ca-key.pem")
 		validity := fs.Duration("validity", 10*365*24*time.Hour, "how long the CA is valid")
-		if _, err := cli.Parse(fs, args); err != nil {
-			return 2
+		pos, code, ok := parse(fs, args)
+		if !ok {
+			return code
+		}
+		if len(pos) > 0 {
+			return cli.Usagef(env, "unexpected argument %q", pos[0])
 		}
 		if err := tlsutil.CreateCA(*dir, *validity); err != nil {
 			return fail(env, "tls ca create", err)
@@ -238,11 +263,12 @@ func tlsCommand() *cli.Command {
 		hosts := fs.String("hosts", "localhost,127.0.0.1,::1", "coordinator and api: comma-separated DNS names and IPs that clients dial (every advertised address's host)")
 		sites := fs.String("sites", "", "agent (required): comma-separated sites the agent may serve; the coordinator refuses any other")
 		validity := fs.Duration("validity", 2*365*24*time.Hour, "how long the certificate is valid")
-		if _, err := cli.Parse(fs, args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			return 2
+		pos, code, ok := parse(fs, args)
+		if !ok {
+			return code
+		}
+		if len(pos) > 0 {
+			return cli.Usagef(env, "unexpected argument %q", pos[0])
 		}
 		hostsSet := false
 		fs.Visit(func(f *flag.Flag) { hostsSet = hostsSet || f.Name == "hosts" })

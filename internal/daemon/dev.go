@@ -119,8 +119,12 @@ func runDev(ctx context.Context, env cli.Env, args []string) int {
 	httpAddr := fs.String("http-addr", "127.0.0.1:8080", "address of the API")
 	dataDir := fs.String("data-dir", "", "keep state here across runs (default: a temporary directory removed on exit)")
 	level := fs.String("log-level", "warn", "log level: debug, info, warn, error")
-	if _, err := cli.Parse(fs, args); err != nil {
-		return 2
+	pos, code, ok := parse(fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) > 0 {
+		return cli.Usagef(env, "unexpected argument %q", pos[0])
 	}
 	log, err := logger(env, *level)
 	if err != nil {

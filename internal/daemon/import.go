@@ -28,15 +28,18 @@ func importCommand() *cli.Command {
 		fs.StringVar(&tf.Cert, "client-cert", env.Getenv("OBMESH_CLIENT_CERT"), "client certificate (PEM), if the API asks for one (env OBMESH_CLIENT_CERT)")
 		fs.StringVar(&tf.Key, "client-key", env.Getenv("OBMESH_CLIENT_KEY"), "the client certificate's key (env OBMESH_CLIENT_KEY)")
 		fs.Usage = func() {
-			fmt.Fprintln(env.Stderr, "Usage: obmesh import obmd -db FILE\n\nRegisters the nodes of an obmd SQLite database in a running cluster. Nodes already registered are skipped, so it can be run again.\n\nFlags:")
+			fmt.Fprintf(env.Stderr, "Usage: %s -db FILE [flags]\n\nRegisters the nodes of an obmd SQLite database in a running cluster. Nodes already registered are skipped, so it can be run again.\n\nFlags:\n", env.Path)
 			fs.PrintDefaults()
 		}
-		if _, err := cli.Parse(fs, args); err != nil {
-			return 2
+		pos, code, ok := parse(fs, args)
+		if !ok {
+			return code
+		}
+		if len(pos) > 0 {
+			return cli.Usagef(env, "unexpected argument %q", pos[0])
 		}
 		if *db == "" || *addr == "" || *token == "" {
-			fmt.Fprintln(env.Stderr, "obmesh import obmd: -db, and OBMESH_ADDR and OBMESH_TOKEN (or -addr, -token) are required")
-			return 2
+			return cli.Usagef(env, "-db, and OBMESH_ADDR and OBMESH_TOKEN (or -addr, -token) are required")
 		}
 		rows, err := obmddb.ReadNodes(*db)
 		if err != nil {

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io/fs"
 	"os"
@@ -52,20 +51,17 @@ func tokenCommand() *cli.Command {
 	create := func(_ context.Context, env cli.Env, args []string) int {
 		fs := newFlagSet(env, "token create", "token create FILE")
 		fs.Usage = func() {
-			fmt.Fprint(env.Stderr, `Usage: obmesh token create FILE
+			fmt.Fprintf(env.Stderr, `Usage: %s FILE
 
 Writes a new random token (32 hex digits) to FILE with mode 0600, for
 http.admin_token_file or obmd.admin_token_file. An existing FILE is kept.
 The token is not printed: clients read it from the file
 (export OBMESH_TOKEN=$(cat FILE)).
-`)
+`, env.Path)
 		}
-		pos, err := cli.Parse(fs, args)
-		if err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			return 2
+		pos, code, ok := parse(fs, args)
+		if !ok {
+			return code
 		}
 		if len(pos) != 1 {
 			fs.Usage()

@@ -56,13 +56,13 @@ func buildDetails() string {
 
 func versionCommand() *cli.Command {
 	return &cli.Command{Name: "version", Synopsis: "Print the version (also: obmesh --version)", Run: func(_ context.Context, env cli.Env, args []string) int {
-		if len(args) > 0 && args[0] != "-h" && args[0] != "-help" && args[0] != "--help" {
-			fmt.Fprintln(env.Stderr, "Usage: obmesh version")
-			return 2
+		fs := cli.NewFlagSet(env, "", "Prints the version of this obmesh binary (the API reports the same as /v1/status version).")
+		pos, code, ok := cli.ParseFlags(fs, args)
+		if !ok {
+			return code
 		}
-		if len(args) > 0 {
-			fmt.Fprintln(env.Stderr, "Usage: obmesh version\n\nPrints the version of this obmesh binary (the API reports the same as /v1/status version).")
-			return 0
+		if len(pos) > 0 {
+			return cli.Usagef(env, "unexpected argument %q", pos[0])
 		}
 		fmt.Fprintf(env.Stdout, "obmesh %s\n%s\n", Version(), buildDetails())
 		return 0
