@@ -60,13 +60,19 @@ import (
 var ErrNoAgent = errors.New("no agent")
 
 // NoAgentError means no healthy agent serving the site (with the driver)
-// was connected within the wait.
+// was connected within the wait. Why says, for each connected agent that
+// has the driver but does not offer it, why (its plugin failing to start).
 type NoAgentError struct {
 	Site, Driver string
+	Why          []string
 }
 
 func (e *NoAgentError) Error() string {
-	return fmt.Sprintf("no healthy agent with driver %q is connected for site %q", e.Driver, e.Site)
+	msg := fmt.Sprintf("no healthy agent with driver %q is connected for site %q", e.Driver, e.Site)
+	if len(e.Why) > 0 {
+		msg += ": " + strings.Join(e.Why, "; ")
+	}
+	return msg
 }
 
 // Is matches ErrNoAgent.
@@ -160,7 +166,6 @@ func New(cfg Config, lead Leadership, logger *slog.Logger) *Service {
 type conn struct {
 	id      string
 	sites   []string
-	drivers []string
 	version string
 	stream  agentpb.AgentLink_ConnectServer
 	cancel  context.CancelFunc
@@ -174,11 +179,14 @@ type conn struct {
 
 	sendMu sync.Mutex
 
-	mu          sync.Mutex
-	lastContact time.Time
-	pending     map[string]chan *agentpb.OperationResult
-	closed      bool
-	gone        string // why the stream ended, for Dispatch's error; set with closed
+	mu           sync.Mutex
+	drivers      []string       // the drivers the agent offers (drivers.go)
+	driverHealth []DriverHealth // every driver it announced, with its health
+	warnings     []string       // its plugin directory's problems
+	lastContact  time.Time
+	pending      map[string]chan *agentpb.OperationResult
+	closed       bool
+	gone         string // why the stream ended, for Dispatch's error; set with closed
 }
 
 func (c *conn) send(m *agentpb.CoordinatorMessage) error {
@@ -235,10 +243,10 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 		}
 	}
 	var drivers []state.DriverInfo
-	var driverNames []string
+	health := driverHealth(hello.Drivers)
+	driverNames := offeredNames(health)
 	for _, d := range hello.Drivers {
 		drivers = append(drivers, state.DriverInfo{Name: d.Name, Version: d.Version})
-		driverNames = append(driverNames, d.Name)
 	}
 	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
 	_, err = s.lead.Apply(rctx, state.RegisterAgent{Agent: state.Agent{ID: hello.AgentId, Sites: hello.Sites, Drivers: drivers, Version: hello.Version,
@@ -249,7 +257,7 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	c := &conn{id: hello.AgentId, sites: slices.Clone(hello.Sites), drivers: driverNames, version: hello.Version,
+	c := &conn{id: hello.AgentId, sites: slices.Clone(hello.Sites), drivers: driverNames, driverHealth: health, warnings: clipAll(hello.PluginWarnings), version: hello.Version,
 		relayURL: hello.RelayUrl, relayFP: hello.RelayFingerprint, relayKick: make(chan struct{}, 1),
 		stream: stream, cancel: cancel, lastContact: time.Now(), pending: map[string]chan *agentpb.OperationResult{}}
 	if err := c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{
@@ -324,6 +332,9 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 			}
 			if m.GetRelayReport() != nil || m.GetRelayEvent() != nil {
 				inbox.put(m)
+			}
+			if r := m.GetDriverReport(); r != nil {
+				s.setDrivers(c, r)
 			}
 		}
 	}()
@@ -450,7 +461,7 @@ func (s *Service) pick(site, driver string) *conn {
 	var best *conn
 	bestLoad := 0
 	for _, c := range s.conns {
-		if !slices.Contains(c.sites, site) || !slices.Contains(c.drivers, driver) || !s.healthy(c, now) {
+		if !slices.Contains(c.sites, site) || !c.offers(driver) || !s.healthy(c, now) {
 			continue
 		}
 		c.mu.Lock()
@@ -564,7 +575,7 @@ func (s *Service) dispatch(ctx context.Context, site, driver string, op *agentpb
 		case <-changed:
 		case <-time.After(100 * time.Millisecond): // health changes are not signalled
 		case <-waitCtx.Done():
-			return Result{}, nil, &NoAgentError{Site: site, Driver: driver}
+			return Result{}, nil, &NoAgentError{Site: site, Driver: driver, Why: s.driverTrouble(site, driver)}
 		}
 	}
 	if before != nil {
@@ -751,11 +762,15 @@ type AgentStatus struct {
 	ID          string
 	Healthy     bool
 	LastContact time.Time
-	// Sites and Drivers are what the agent announced; RelayURL and
-	// RelayFingerprint its event relay, empty when it runs none. All are
-	// empty for an agent listed as lost.
+	// Sites and Drivers are what the agent announced (Drivers: those it
+	// offers now); RelayURL and RelayFingerprint its event relay, empty
+	// when it runs none. All are empty for an agent listed as lost.
 	Sites, Drivers             []string
 	RelayURL, RelayFingerprint string
+	// DriverHealth is every driver the agent announced, with its health;
+	// PluginWarnings its plugin directory's problems.
+	DriverHealth   []DriverHealth
+	PluginWarnings []string
 }
 
 // Connected lists the agents connected to this coordinator, and those it
@@ -769,9 +784,11 @@ func (s *Service) Connected() []AgentStatus {
 	for _, c := range s.conns {
 		c.mu.Lock()
 		lc := c.lastContact
+		drivers, health, warnings := slices.Clone(c.drivers), slices.Clone(c.driverHealth), slices.Clone(c.warnings)
 		c.mu.Unlock()
 		out = append(out, AgentStatus{ID: c.id, Healthy: s.healthy(c, now), LastContact: lc,
-			Sites: slices.Clone(c.sites), Drivers: slices.Clone(c.drivers), RelayURL: c.relayURL, RelayFingerprint: c.relayFP})
+			Sites: slices.Clone(c.sites), Drivers: drivers, RelayURL: c.relayURL, RelayFingerprint: c.relayFP,
+			DriverHealth: health, PluginWarnings: warnings})
 	}
 	for id, lc := range s.lost {
 		out = append(out, AgentStatus{ID: id, LastContact: lc})
