@@ -32,7 +32,7 @@ NFPM       ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
 
 .DEFAULT_GOAL := help
 
-.PHONY: install package print-version help build run test test-short test-hil lint proto bench fuzz fuzz-short clean deps
+.PHONY: install package print-version help build run test test-short test-hil lint proto bench fuzz fuzz-short clean deps mutate mutate-ci
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -112,6 +112,20 @@ package: ## build dist/obmesh_VERSION_ARCH.deb (DIST) with nfpm v2.45.2 (go run:
 	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(PKGROOT)) PREFIX=/usr SYSCONFDIR=/etc VERSION=$(VERSION)
 	mkdir -p $(DIST)
 	VERSION=$(VERSION) ARCH=$$($(GO) env GOARCH) PKGROOT=$(abspath $(PKGROOT)) $(NFPM) package --config packaging/nfpm.yaml --packager deb --target $(DIST)/
+
+# Mutation testing (gremlins v0.6.0, installed into bin/tools): each package
+# with its own -short tests. docs/testing.md has the table and the mutants
+# judged equivalent.
+MUTATE_PKGS ?=
+MUTATE_CI_PKGS ?= coordinator/seal hilproxy
+MUTATE_FLOOR ?= 85:85
+MUTATE_BUDGET ?= 420
+
+mutate: ## mutation testing of the core packages; table in bin/mutate/table.md
+	./scripts/mutate.sh -u $(MUTATE_PKGS)
+
+mutate-ci: ## CI's mutation check: a few fast packages, a score floor and a time budget
+	MUTATE_WORKERS=2 ./scripts/mutate.sh -o $(BIN)/mutate-ci -f $(MUTATE_FLOOR) -b $(MUTATE_BUDGET) $(MUTATE_CI_PKGS)
 
 clean: ## remove build output
 	rm -rf $(BIN) build $(DIST)
