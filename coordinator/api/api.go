@@ -150,6 +150,29 @@ type Agent struct {
 	FirstSeen   time.Time `json:"first_seen"`
 	Connects    uint64    `json:"connects"`
 	Coordinator string    `json:"coordinator,omitempty"`
+	// DriverHealth is each driver of a connected agent, as the agent last
+	// reported it: whether its plugin runs, and if not why. Operations for
+	// a driver go only to agents where it is offered.
+	DriverHealth []AgentDriver `json:"driver_health,omitempty"`
+	// PluginWarnings are problems with a connected agent's plugin
+	// directory (missing, a file that is not executable, a built-in's name).
+	PluginWarnings []string `json:"plugin_warnings,omitempty"`
+}
+
+// AgentDriver is one driver on an agent.
+type AgentDriver struct {
+	Name    string `json:"name"`
+	Version string `json:"version,omitempty"`
+	// Health is "ok", "starting", "restarting", "failing" (its plugin
+	// could not start; Detail says why) or "not_executable".
+	Health  string `json:"health"`
+	Offered bool   `json:"offered"`
+	Detail  string `json:"detail,omitempty"`
+	// Source is "builtin" or the plugin file's path on the agent.
+	Source   string `json:"source,omitempty"`
+	Restarts int    `json:"restarts,omitempty"`
+	// NextStart is when a failing driver is tried again.
+	NextStart time.Time `json:"next_start,omitzero"`
 }
 
 // Peer is one member of the coordinator group, with autopilot-style health.

@@ -515,6 +515,15 @@ func (s *Server) listAgents(w http.ResponseWriter, r *http.Request) error {
 			if l.Healthy {
 				ag.Health = "healthy"
 			}
+			ag.PluginWarnings = l.PluginWarnings
+			if len(l.DriverHealth) > 0 {
+				ag.Drivers = nil
+			}
+			for _, d := range l.DriverHealth {
+				ag.Drivers = append(ag.Drivers, d.Name)
+				ag.DriverHealth = append(ag.DriverHealth, api.AgentDriver{Name: d.Name, Version: d.Version, Health: d.Health,
+					Offered: d.Offered, Detail: d.Detail, Source: d.Source, Restarts: d.Restarts, NextStart: d.NextStart})
+			}
 		}
 		out = append(out, ag)
 	}
