@@ -12,7 +12,7 @@ import (
 )
 
 func agentListCommand() *Command {
-	list := apiCommand("list", "List agents with their sites, health and last contact.", "", 0, nil,
+	list := apiCommand("list", "List agents with their sites, health and last contact, and their drivers with version and health.", "", 0, nil,
 		func(ctx context.Context, env Env, c *api.Client, f *clientFlags, _ []string) error {
 			as, err := c.Agents(ctx)
 			if err != nil {
@@ -27,6 +27,7 @@ func agentListCommand() *Command {
 				rows = append(rows, []string{a.ID, strings.Join(a.Sites, ","), a.Health, a.LastContact.Format("2006-01-02 15:04:05Z07:00"), strings.Join(a.Drivers, ",")})
 			}
 			table(env.Stdout, "ID\tSITES\tHEALTH\tLAST CONTACT\tDRIVERS", rows)
+			printAgentDrivers(env.Stdout, as)
 			return nil
 		})
 	return &Command{Name: "agent", Synopsis: "List agents", Subs: []*Command{list}}
