@@ -211,7 +211,7 @@ func (c *conn) connect(ctx context.Context) (*client.Client, error) {
 			c.d.rememberSuite(c.t.endpoint(), s)
 			return cli, nil
 		}
-		cerr := classify(ctx, fmt.Sprintf("open session with %s (cipher suite %d)", c.t.endpoint(), s), err)
+		cerr := sessionError(c.t.endpoint(), classify(ctx, fmt.Sprintf("open session with %s (cipher suite %d)", c.t.endpoint(), s), err), err)
 		if errors.Is(cerr, sdk.ErrAuth) {
 			c.authErr, c.authAt = cerr, time.Now()
 			return nil, cerr

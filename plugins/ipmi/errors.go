@@ -91,3 +91,23 @@ func neverAnswered(msg string) bool {
 	}
 	return false
 }
+
+// sessionError says in one line what an operator can act on when a
+// session cannot be opened: wrong credentials, a BMC that does not answer,
+// one that refuses the connection. Other classes keep go-ipmi's account.
+func sessionError(endpoint string, classified, raw error) error {
+	msg := raw.Error()
+	switch {
+	case errors.Is(classified, sdk.ErrAuth) && strings.Contains(msg, "Unauthorized name"):
+		return sdk.Errorf(sdk.ClassAuth, "authentication failed at %s: the BMC has no user of that name", endpoint)
+	case errors.Is(classified, sdk.ErrAuth):
+		return sdk.Errorf(sdk.ClassAuth, "authentication failed at %s: wrong user name or password", endpoint)
+	case errors.Is(classified, sdk.ErrPrivilege):
+		return sdk.Errorf(sdk.ClassPrivilege, "the BMC at %s refused the privilege level asked for: give the user the ADMINISTRATOR or OPERATOR role, or set the privilege option", endpoint)
+	case errors.Is(classified, sdk.ErrUnreachable) && strings.Contains(msg, "connection refused"):
+		return sdk.Errorf(sdk.ClassUnreachable, "the BMC at %s refused the connection: nothing listens for IPMI on that port", endpoint)
+	case errors.Is(classified, sdk.ErrUnreachable):
+		return sdk.Errorf(sdk.ClassUnreachable, "the BMC at %s does not answer (no IPMI reply; check the address, the port and the management network)", endpoint)
+	}
+	return classified
+}
