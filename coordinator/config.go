@@ -114,6 +114,10 @@ type AgentLinkConfig struct {
 type OperationsConfig struct {
 	DefaultTimeout config.Duration `toml:"default_timeout"`
 	DefaultSite    string          `toml:"default_site"`
+	// StartBy bounds when an agent may begin an operation's BMC action
+	// (it refuses it later, class not_started); zero means 10s, and never
+	// past the completion deadline.
+	StartBy config.Duration `toml:"start_by"`
 }
 
 // EventsConfig configures BMC event subscriptions ([events]).
@@ -146,7 +150,7 @@ func DefaultConfig() Config {
 			MaxHeaderBytes: 64 << 10, MaxConnections: 4096, MaxConnectionsPerClient: 256},
 		Raft:       RaftConfig{Listen: "127.0.0.1:7000"},
 		AgentLink:  AgentLinkConfig{Listen: "127.0.0.1:7443", Heartbeat: config.Duration(2 * time.Second), AgentWait: config.Duration(5 * time.Second)},
-		Operations: OperationsConfig{DefaultTimeout: config.Duration(30 * time.Second), DefaultSite: "default"},
+		Operations: OperationsConfig{DefaultTimeout: config.Duration(30 * time.Second), DefaultSite: "default", StartBy: config.Duration(10 * time.Second)},
 		Events: EventsConfig{ResyncInterval: config.Duration(10 * time.Minute), RateQPS: 10, RateBurst: 100,
 			DeleteTimeout: config.Duration(5 * time.Minute), AgentGrace: config.Duration(30 * time.Second)},
 	}

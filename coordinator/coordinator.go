@@ -4,10 +4,12 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -134,11 +136,13 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	var relay relayHooks
 	svc := agentsvc.New(agentsvc.Config{ID: s.cfg.Name, Heartbeat: s.cfg.AgentLink.Heartbeat.D(), AgentWait: s.cfg.AgentLink.AgentWait.D(),
 		OnLateResult:  func(agent string, r *agentpb.OperationResult) { runner.RecordLate(agent, r) },
+		OnFate:        func(agent string, f []*agentpb.Fate) { runner.RecordFates(agent, f) },
+		OnAgentReady:  func(agent string) { runner.ResolveUnknown(agent) },
 		RelayConfig:   relay.config,
 		OnRelayReport: relay.report,
 		OnRelayEvent:  relay.event},
 		leadership{st, members}, s.logger)
-	runner = ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D()}, st.State(), keys, svc, st, st, s.logger)
+	runner = ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D(), StartBy: s.cfg.Operations.StartBy.D()}, st.State(), keys, svc, st, st, s.logger)
 	// Event subscriptions: the service the API calls, the relay traffic of
 	// the agent link, and the reconciler it runs while this member leads.
 	evs := events.New(events.Config{
@@ -167,7 +171,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		})
 	}
 	members.SetHandler(memberRequests(local))
-	root := forwarding(st, cluster.NewForwarder(members), local)
+	root := forwarding(st, cluster.NewForwarder(members), local, s.logger)
 	if gate := s.cfg.HTTP.Gate; gate != nil {
 		inner := root
 		root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -239,6 +243,22 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		})
 	}
 	wg.Go(func() { members.KeepRecorded(wctx) })
+	// Unresolved receipts: while this member leads, agents are asked the
+	// fate of operations whose receipts say "unknown" with no result.
+	wg.Go(func() {
+		t := time.NewTicker(resolveEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+				if st.IsLeader() {
+					runner.ResolveUnknown("")
+				}
+			}
+		}
+	})
 	wg.Go(func() { evs.Run(wctx) })
 	s.logger.Info("coordinator started", "http", s.httpAddr, "agent_link", s.linkAddr, "raft", st.RaftAddr())
 	close(s.ready)
@@ -331,12 +351,28 @@ type leadership struct {
 
 func (l leadership) LeaderLinkAddr() string { return l.members.LeaderLinkAddr() }
 
+// resolveEvery is how often the leader asks agents about unresolved
+// receipts.
+const resolveEvery = 5 * time.Second
+
+// failoverRetries bounds how often a member sends a request whose leader
+// was lost while handling it.
+const failoverRetries = 3
+
 // forwarding serves a public request locally on the leader and forwards it
 // to the leader elsewhere. Stale reads (?stale=true) and /v1/status are
 // served by any member. A forwarded request runs on the leader's handler
 // directly (memberRequests), never here, so it is never forwarded twice: a
 // member that lost the leadership meanwhile answers it with 503.
-func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler) http.Handler {
+//
+// During an election the request waits for the new leader (Forwarder.Wait)
+// instead of failing. When the leader is lost while handling a request
+// that is safe to repeat (a read, or an operation: its id, chosen here,
+// makes the new leader answer a repeat with the first attempt's receipt),
+// the request is sent again to the new leader; otherwise, and after
+// failoverRetries attempts, the answer is outcome_unknown naming the
+// operation. A 503 no_leader means nothing was sent.
+func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if st.IsLeader() || r.URL.Path == "/v1/status" || r.URL.Path == "/v1/health" ||
 			(r.Method == http.MethodGet && r.URL.Query().Get("stale") == "true") {
@@ -354,21 +390,60 @@ func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler) http
 				w.WriteHeader(http.StatusProcessing)
 			}
 		}
-		served, err := fw.Forward(w, r, opID)
-		switch {
-		case served:
-			if opID != "" {
-				r = r.WithContext(apiserver.WithOperationID(r.Context(), opID))
+		repeatable := r.Method == http.MethodGet && !hilproxy.Owns(r) || opID != "" && isOperation(r)
+		var body []byte
+		if repeatable && r.Method != http.MethodGet && r.Body != nil {
+			// Kept for a repeat; operations' bodies are small.
+			b, err := io.ReadAll(io.LimitReader(r.Body, apiserver.MaxBodyBytes+1))
+			if err != nil {
+				requestAborted(w, r)
+				return
 			}
-			local.ServeHTTP(w, r) // this member became the leader meanwhile
-		case errors.Is(err, cluster.ErrLeaderLost):
-			leaderLost(w, r, opID)
-		case err != nil && r.Context().Err() != nil:
-			requestAborted(w, r)
-		case err != nil:
-			noLeader(w, r)
+			if len(b) > apiserver.MaxBodyBytes {
+				repeatable = false // the leader refuses it; stream it as is
+				r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(b), r.Body))
+			} else {
+				body = b
+			}
+		}
+		for attempt := 1; ; attempt++ {
+			if body != nil {
+				r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+			}
+			served, err := fw.Forward(w, r, opID)
+			switch {
+			case served:
+				if opID != "" {
+					r = r.WithContext(apiserver.WithOperationID(r.Context(), opID))
+				}
+				local.ServeHTTP(w, r) // this member became the leader meanwhile
+			case err == nil:
+			case errors.Is(err, cluster.ErrLeaderLost) && repeatable && attempt < failoverRetries && r.Context().Err() == nil:
+				logger.Info("leader lost while handling a forwarded request; sending it to the new leader",
+					"method", r.Method, "path", r.URL.Path, "operation", opID, "attempt", attempt+1)
+				continue
+			case errors.Is(err, cluster.ErrLeaderLost):
+				leaderLost(w, r, opID)
+			case r.Context().Err() != nil:
+				requestAborted(w, r)
+			default:
+				noLeader(w, r)
+			}
+			return
 		}
 	})
+}
+
+// isOperation reports whether a request runs an operation on a node (a
+// power action, a boot device): the ones a forwarding member may repeat
+// with the same id.
+func isOperation(r *http.Request) bool {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/nodes/")
+	if !ok {
+		return false
+	}
+	_, what, ok := strings.Cut(rest, "/")
+	return ok && (r.Method == http.MethodPost && what == "power" || r.Method == http.MethodPut && what == "boot")
 }
 
 // requestAborted answers a request that ended on the client's side (its

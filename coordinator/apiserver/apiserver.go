@@ -210,6 +210,20 @@ func operationID(ctx context.Context) string {
 	return id
 }
 
+// idempotencyKey reads and checks a request's Idempotency-Key.
+func idempotencyKey(r *http.Request) (string, error) {
+	k := r.Header.Get(api.IdempotencyKeyHeader)
+	if len(k) > api.MaxIdempotencyKey {
+		return "", badRequest("%s is longer than %d characters", api.IdempotencyKeyHeader, api.MaxIdempotencyKey)
+	}
+	for _, c := range k {
+		if c < 0x21 || c > 0x7e {
+			return "", badRequest("%s must be printable ASCII without spaces", api.IdempotencyKeyHeader)
+		}
+	}
+	return k, nil
+}
+
 func badRequest(format string, args ...any) error {
 	return &apiError{http.StatusBadRequest, api.CodeInvalidArgument, fmt.Sprintf(format, args...)}
 }
@@ -243,6 +257,7 @@ var failureCodes = map[string]struct {
 	"already_exists":   {http.StatusConflict, api.CodeBMCConflict},
 	"outcome_unknown":  {http.StatusGatewayTimeout, api.CodeOutcomeUnknown},
 	"rejected":         {http.StatusConflict, api.CodeStaleEpoch},
+	"not_started":      {http.StatusGatewayTimeout, api.CodeNotStarted},
 }
 
 // classify is the one mapping from errors to HTTP status, code and message.
@@ -429,6 +444,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req ops.Request) er
 	}
 	defer cancel()
 	req.ID = operationID(r.Context())
+	if req.IdempotencyKey, err = idempotencyKey(r); err != nil {
+		return err
+	}
+	req.Caller = "admin" // the native API's one principal
 	ctx, done := s.track(ctx, w, r, req)
 	defer done()
 	rec, err := s.ops.Do(ctx, req)
