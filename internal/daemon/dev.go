@@ -115,10 +115,11 @@ func devAgentCert(tlsDir string) error {
 }
 
 func runDev(ctx context.Context, env cli.Env, args []string) int {
-	fs := newFlagSet(env, "dev", "dev [-http-addr ADDR] [-data-dir DIR]")
+	fs := newFlagSet(env, "dev", "dev [-http-addr ADDR] [-data-dir DIR] [-plugin-dir DIR]")
 	httpAddr := fs.String("http-addr", "127.0.0.1:8080", "address of the API")
 	dataDir := fs.String("data-dir", "", "keep state here across runs (default: a temporary directory removed on exit)")
 	level := fs.String("log-level", "warn", "log level: debug, info, warn, error")
+	pluginDir := fs.String("plugin-dir", "", "also run the third-party plugins (obmesh-plugin-NAME) in this directory, rescanned every 2s and on SIGHUP")
 	pos, code, ok := parse(fs, args)
 	if !ok {
 		return code
@@ -145,6 +146,9 @@ func runDev(ctx context.Context, env cli.Env, args []string) int {
 	}
 	defer lock.Release()
 	cc, ac, err := DevSetup(dir, *httpAddr)
+	if err == nil && *pluginDir != "" {
+		err = devPlugins(&ac, *pluginDir, env.Stderr)
+	}
 	if err != nil {
 		return fail(env, "dev", err)
 	}
