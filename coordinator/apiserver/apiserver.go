@@ -281,7 +281,8 @@ func classify(err error) (int, string, string) {
 	case errors.Is(err, state.ErrExists), errors.Is(err, ops.ErrOperationID):
 		return http.StatusConflict, api.CodeAlreadyExists, err.Error()
 	case errors.Is(err, state.ErrInvalid):
-		return http.StatusBadRequest, api.CodeInvalidArgument, err.Error()
+		// The code says it is invalid; the message says why.
+		return http.StatusBadRequest, api.CodeInvalidArgument, strings.Replace(err.Error(), state.ErrInvalid.Error()+": ", "", 1)
 	case errors.Is(err, store.ErrPeerUnreachable):
 		return http.StatusBadGateway, api.CodePeerUnreachable, err.Error()
 	case errors.Is(err, store.ErrPeerIdentity):

@@ -144,7 +144,7 @@ func fromStatus(ctx context.Context, err error) error {
 		}
 	}
 	if ctx.Err() != nil || st.Code() == codes.DeadlineExceeded || st.Code() == codes.Canceled {
-		return &Error{Class: ClassTimeout, Msg: "driver call ended: " + st.Message()}
+		return &Error{Class: ClassTimeout, Msg: "no answer from the BMC before the operation's deadline (the driver call was cut off: " + st.Message() + ")"}
 	}
 	return &Error{Class: ClassPlugin, Msg: "driver plugin connection failed: " + st.Message()}
 }
