@@ -334,12 +334,25 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	backoff := a.cfg.Link.BackoffMin.D()
 	next := ""
+	quick := 0 // members asked at once in a row after an unreachable leader
 	for i := 0; ; i++ {
 		addr := a.cfg.Coordinators[i%len(a.cfg.Coordinators)]
-		if next != "" {
+		redirected := next != ""
+		if redirected {
 			addr, next = next, "" // the leader a follower pointed to
 		}
 		welcomed, err := a.session(ctx, ctx, addr, tlsCfg)
+		if welcomed {
+			quick = 0
+		}
+		if redirected && !welcomed && quick < len(a.cfg.Coordinators) && ctx.Err() == nil && !errors.Is(err, errRedirect) && status.Code(err) != codes.PermissionDenied {
+			// The leader a member named cannot be reached (it just died):
+			// ask the next member at once, which names the new one (once
+			// per member in a row; then the usual backoff).
+			quick++
+			a.logger.Info("the leader a coordinator named cannot be reached; asking another", "leader", addr, "err", err)
+			continue
+		}
 		var rd *redirectError
 		if errors.As(err, &rd) && rd.leader != "" && rd.leader != addr {
 			next = rd.leader
@@ -415,8 +428,13 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 		a.sessMu.Unlock()
 	}()
 	relayOn := a.relay != nil && a.relayUp.Load()
+	// Opening the stream and the hello exchange are bounded: a coordinator
+	// that cannot be reached (a host cut off) or accepts the connection but
+	// never answers must not hold the agent.
+	helloTimer := time.AfterFunc(a.cfg.Link.DialTimeout.D(), cancel)
 	stream, err := agentpb.NewAgentLinkClient(cc).Connect(sctx)
 	if err != nil {
+		helloTimer.Stop()
 		return false, err
 	}
 	var sendMu sync.Mutex
@@ -430,9 +448,6 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 		hello.RelayUrl, hello.RelayFingerprint = a.relay.URL(), a.relay.Fingerprint()
 	}
 	hello.Drivers, hello.PluginWarnings = driversPB(a.host), a.host.Warnings()
-	// The hello exchange is bounded: a coordinator that accepts the TCP
-	// connection but never answers must not hold the agent.
-	helloTimer := time.AfterFunc(a.cfg.Link.DialTimeout.D(), cancel)
 	if err := send(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_Hello{Hello: hello}}); err != nil {
 		helloTimer.Stop()
 		return false, err
