@@ -39,30 +39,51 @@ type Group struct {
 	Agents    []*Proc
 	agentCfgs []string
 	Net       *Net
+	// RelayURLs are the agents' event relays (by agent id) when the group
+	// was made with GroupOptions.Relay.
+	RelayURLs map[string]string
+}
+
+// GroupOptions change a Group's configuration before it is written. The
+// zero value is NewGroup's.
+type GroupOptions struct {
+	// Relay runs every agent's BMC event relay on its own loopback port
+	// (RelayURLs), its data under Dir (off by default).
+	Relay bool
+	// Coordinator and Agent, if set, edit each configuration last.
+	Coordinator func(*coordinator.Config)
+	Agent       func(id string, ac *agent.Config)
 }
 
 // NewGroup prepares n coordinators (expect n, retry_join all) and the
 // given agents (all on site "default"), and starts them.
 func NewGroup(t testing.TB, binPath string, n int, agentIDs ...string) *Group {
-	return newGroup(t, binPath, n, nil, nil, agentIDs...)
+	return newGroup(t, binPath, n, nil, GroupOptions{}, agentIDs...)
 }
 
 // NewGroupConfig is NewGroup with each coordinator's configuration passed
 // through edit before it is written.
 func NewGroupConfig(t testing.TB, binPath string, n int, edit func(*coordinator.Config), agentIDs ...string) *Group {
-	return newGroup(t, binPath, n, nil, edit, agentIDs...)
+	return newGroup(t, binPath, n, nil, GroupOptions{Coordinator: edit}, agentIDs...)
+}
+
+// NewGroupWith is NewGroup with options.
+func NewGroupWith(t testing.TB, binPath string, n int, opts GroupOptions, agentIDs ...string) *Group {
+	return newGroup(t, binPath, n, nil, opts, agentIDs...)
 }
 
 // NewGroupNet is NewGroup with member i on host i of net, so tests can
 // partition members from each other.
 func NewGroupNet(t testing.TB, binPath string, net *Net, n int, agentIDs ...string) *Group {
-	return newGroup(t, binPath, n, net, nil, agentIDs...)
+	return newGroup(t, binPath, n, net, GroupOptions{}, agentIDs...)
 }
 
-func newGroup(t testing.TB, binPath string, n int, net *Net, edit func(*coordinator.Config), agentIDs ...string) *Group {
+func newGroup(t testing.TB, binPath string, n int, net *Net, opts GroupOptions, agentIDs ...string) *Group {
 	t.Helper()
 	dir := t.TempDir()
-	g := &Group{t: t, Bin: binPath, Dir: dir, Token: "group-admin-token-0123456789abcdef", OBMDToken: "00112233445566778899aabbccddeeff", Net: net}
+	edit := opts.Coordinator
+	g := &Group{t: t, Bin: binPath, Dir: dir, Token: "group-admin-token-0123456789abcdef", OBMDToken: "00112233445566778899aabbccddeeff", Net: net,
+		RelayURLs: map[string]string{}}
 	tlsDir := filepath.Join(dir, "tls")
 	run := func(args ...string) {
 		if out, err := execOut(binPath, args...); err != nil {
@@ -123,6 +144,14 @@ func newGroup(t testing.TB, binPath string, n int, net *Net, edit func(*coordina
 		ac.Plugins.Builtin = []string{"mock", "ipmi"}
 		ac.Link.BackoffMin = config.Duration(50 * time.Millisecond)
 		ac.Link.BackoffMax = config.Duration(500 * time.Millisecond)
+		if opts.Relay {
+			addr := FreePort(t)
+			g.RelayURLs[id] = "https://" + addr
+			ac.Relay = agent.RelayConfig{Listen: addr, DataDir: filepath.Join(dir, id+"-relay")}
+		}
+		if opts.Agent != nil {
+			opts.Agent(id, &ac)
+		}
 		g.agentCfgs = append(g.agentCfgs, writeTOML(t, dir, id+".toml", ac))
 	}
 	for _, m := range g.Members {

@@ -192,9 +192,23 @@ type Cluster struct {
 	DataDir  string
 	Coord    *Proc
 	Agent    *Proc
+	// RelayURL is the agent's event relay (https on loopback) when the
+	// cluster was made WithRelay; RelayDir its data directory.
+	RelayURL, RelayDir string
 
 	mu      sync.Mutex
 	outputs []string // every CLI output, for secret scans
+}
+
+// ClusterOptions change a Cluster's configuration before it is written.
+// The zero value is NewCluster's.
+type ClusterOptions struct {
+	// Relay runs the agent's BMC event relay on a loopback port, its data
+	// under Dir (off by default).
+	Relay bool
+	// Coordinator and Agent, if set, edit the configurations last.
+	Coordinator func(*coordinator.Config)
+	Agent       func(*agent.Config)
 }
 
 // CLI runs the obmesh CLI with OBMESH_ADDR/OBMESH_TOKEN set, optional stdin,
@@ -240,6 +254,12 @@ func (c *Cluster) mustRun(args ...string) string {
 // configs in configs/, with test-local ports and directories.
 func NewCluster(t testing.TB, bin, repoRoot string) *Cluster {
 	t.Helper()
+	return NewClusterWith(t, bin, repoRoot, ClusterOptions{})
+}
+
+// NewClusterWith is NewCluster with options.
+func NewClusterWith(t testing.TB, bin, repoRoot string, opts ClusterOptions) *Cluster {
+	t.Helper()
 	dir := t.TempDir()
 	c := &Cluster{t: t, Bin: bin, Dir: dir, Token: "systemtest-admin-token-0123456789"}
 	tlsDir := filepath.Join(dir, "tls")
@@ -271,6 +291,9 @@ func NewCluster(t testing.TB, bin, repoRoot string) *Cluster {
 	cc.AgentLink.Heartbeat = config.Duration(500 * time.Millisecond)
 	cc.AgentLink.AgentWait = config.Duration(time.Second)
 	cc.LogLevel = "debug"
+	if opts.Coordinator != nil {
+		opts.Coordinator(&cc)
+	}
 	c.CoordCfg = writeTOML(t, dir, "coordinator.toml", cc)
 
 	ac, err := agent.LoadConfig(filepath.Join(repoRoot, "configs", "agent.toml"))
@@ -284,6 +307,14 @@ func NewCluster(t testing.TB, bin, repoRoot string) *Cluster {
 	ac.Plugins.RestartBackoff = config.Duration(100 * time.Millisecond)
 	ac.Link.BackoffMax = config.Duration(time.Second)
 	ac.LogLevel = "debug"
+	if opts.Relay {
+		addr := FreePort(t)
+		c.RelayURL, c.RelayDir = "https://"+addr, filepath.Join(dir, "relay")
+		ac.Relay = agent.RelayConfig{Listen: addr, DataDir: c.RelayDir}
+	}
+	if opts.Agent != nil {
+		opts.Agent(&ac)
+	}
 	c.AgentCfg = writeTOML(t, dir, "agent.toml", ac)
 	return c
 }
