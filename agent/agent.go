@@ -72,6 +72,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/obmesh/obmesh/agent/pluginhost"
 	"github.com/obmesh/obmesh/agent/relay"
@@ -109,6 +110,8 @@ type Agent struct {
 	seenOrd []string
 	refused map[string]bool
 	horizon time.Time
+	jour    *journal // nil without [link] journal
+	jourWG  sync.WaitGroup
 
 	// The event relay; nil when [relay] is off. relayUp is true while it
 	// runs (announced in hellos).
@@ -144,6 +147,12 @@ func (a *Agent) deliver(m *agentpb.AgentMessage) {
 		a.outOrd = append(a.outOrd, id)
 	}
 	a.outbox[id] = m
+	b, _ := proto.Marshal(m)
+	if compact, err := a.jour.add(jrec{Op: id, Result: b}, true); err != nil {
+		a.logger.Error("result not written to the journal; an agent restart before it is acknowledged loses it", "op", id, "err", err)
+	} else if compact {
+		defer a.jourWG.Go(a.compactJournal)
+	}
 	for len(a.outOrd) > maxOutbox {
 		old := a.outOrd[0]
 		a.outOrd = a.outOrd[1:]
@@ -162,7 +171,10 @@ func (a *Agent) acked(ids []string) {
 	a.outMu.Lock()
 	defer a.outMu.Unlock()
 	for _, id := range ids {
-		delete(a.outbox, id)
+		if _, ok := a.outbox[id]; ok {
+			delete(a.outbox, id)
+			a.jour.add(jrec{Op: id, Ack: true}, false)
+		}
 	}
 	if len(a.outbox) == 0 {
 		a.outOrd = a.outOrd[:0]
@@ -190,18 +202,27 @@ func (a *Agent) attach(send func(*agentpb.AgentMessage) error) {
 	}
 }
 
-// receive notes an operation this process got. It reports false for one
-// it answered "never_run" for (refused for good).
+// receive notes an operation this agent got (in the journal, before it
+// runs). It reports false for one it answered "never_run" for (refused
+// for good), or that it cannot note.
 func (a *Agent) receive(id string) bool {
 	a.opsMu.Lock()
 	defer a.opsMu.Unlock()
 	if a.refused[id] {
 		return false
 	}
+	now := time.Now()
+	compact, err := a.jour.add(jrec{Op: id, At: now.UnixNano()}, true)
+	if err != nil {
+		a.logger.Error("cannot note a received operation in the journal; refusing it", "op", id, "err", err)
+		return false
+	}
+	if compact {
+		defer a.jourWG.Go(a.compactJournal)
+	}
 	if _, ok := a.seen[id]; !ok {
 		a.seenOrd = append(a.seenOrd, id)
 	}
-	now := time.Now()
 	a.seen[id] = now
 	for len(a.seenOrd) > maxSeen {
 		old := a.seenOrd[0]
@@ -211,6 +232,46 @@ func (a *Agent) receive(id string) bool {
 		delete(a.refused, old)
 	}
 	return true
+}
+
+// compactJournal rewrites the journal with what is live.
+func (a *Agent) compactJournal() {
+	a.opsMu.Lock()
+	defer a.opsMu.Unlock()
+	a.outMu.Lock()
+	defer a.outMu.Unlock()
+	if a.jour == nil {
+		return
+	}
+	a.jour.mu.Lock()
+	defer a.jour.mu.Unlock()
+	if a.jour.n < compactEvery {
+		return // done meanwhile
+	}
+	st := journalState{horizon: a.horizon, seen: a.seen, seenOrd: a.seenOrd, refused: a.refused, outbox: a.outbox, outOrd: a.outOrd}
+	if err := a.jour.rewrite(st); err != nil {
+		a.logger.Error("journal compaction failed", "err", err)
+	}
+}
+
+// openJournal restores what the journal kept (Run, before any link).
+func (a *Agent) openJournal() error {
+	if a.cfg.Link.Journal == "" {
+		return nil
+	}
+	j, st, err := openJournal(a.cfg.Link.Journal)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	a.opsMu.Lock()
+	a.outMu.Lock()
+	a.jour = j
+	a.horizon, a.seen, a.seenOrd, a.refused = st.horizon, st.seen, st.seenOrd, st.refused
+	a.outbox, a.outOrd = st.outbox, st.outOrd
+	a.outMu.Unlock()
+	a.opsMu.Unlock()
+	a.logger.Info("journal opened", "path", a.cfg.Link.Journal, "unacknowledged_results", len(st.outbox), "operations_remembered", len(st.seen), "since", st.horizon)
+	return nil
 }
 
 // fates answers a FateQuery; results still in the outbox are re-sent.
@@ -246,6 +307,10 @@ func (a *Agent) fates(q *agentpb.FateQuery) *agentpb.AgentMessage {
 			// to forget): had it arrived, it would be remembered. Operations
 			// arrive only on a live link, and this query came on the link
 			// that replaced the sender's: it never will. Refuse it anyway.
+			if _, err := a.jour.add(jrec{Op: id, At: time.Now().UnixNano(), Refused: true}, true); err != nil {
+				a.logger.Error("cannot note a refused operation in the journal", "op", id, "err", err)
+				break
+			}
 			a.refused[id] = true
 			a.seen[id] = time.Now()
 			a.seenOrd = append(a.seenOrd, id)
@@ -310,6 +375,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	if err := a.openJournal(); err != nil {
+		return err
+	}
+	defer func() {
+		a.jourWG.Wait()
+		a.jour.close()
+	}()
 	// Plugins start in the background: one that fails or hangs is
 	// reported (and not offered), never waited for here.
 	a.host.Start()
@@ -709,6 +781,7 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 	var ident map[string]string
 	var ev *agentpb.EventResult
 	var report *sdk.PowerReport
+	var boot *agentpb.BootSetting
 	if op.Action == "validate_options" {
 		// The driver's checks of the node, without the BMC (registration).
 		err := scrub(a.host.Validate(pn.Driver, n), pn.Password)
@@ -762,6 +835,16 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 				return sdk.ErrUnsupported
 			}
 			return s.SetBootDevice(ctx, sdk.BootDevice(op.BootDevice), sdk.BootOptions{Persistent: op.Persistent, EFI: op.Efi})
+		case "boot_get":
+			g, ok := b.(sdk.BootDeviceGetter)
+			if !ok {
+				return sdk.ErrUnsupported
+			}
+			bs, err := g.BootDevice(ctx)
+			if err == nil {
+				boot = &agentpb.BootSetting{Device: string(bs.Device), Persistent: bs.Persistent, Efi: bs.EFI, Raw: bs.Raw}
+			}
+			return err
 		}
 		if isEventAction(op.Action) {
 			var err error
@@ -775,6 +858,7 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 	m := result(op.Id, start, pluginTime, err, status)
 	if err == nil {
 		m.GetResult().Identity = ident
+		m.GetResult().Boot = boot
 	}
 	// An event result goes back even with an error: a failed subscribe
 	// still reports whether it may have happened and the quirks learned.

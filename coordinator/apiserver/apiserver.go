@@ -109,6 +109,7 @@ func New(cfg Config, st Store, op Operator, agents Agents, nodes *ops.Registry, 
 	s.handle("GET /v1/nodes/{name}/power", s.powerStatus)
 	s.handle("GET /v1/nodes/{name}/identity", s.identity)
 	s.handle("PUT /v1/nodes/{name}/boot", s.boot)
+	s.handle("GET /v1/nodes/{name}/boot", s.bootGet)
 	s.handle("GET /v1/nodes/{name}/console", s.console)
 	s.handle("GET /v1/operations/{id}", s.operation)
 	s.handle("GET /v1/operations", s.listOperations)

@@ -191,3 +191,8 @@ func (s *Server) withPower(n api.Node) api.Node {
 	}
 	return n
 }
+
+// bootGet reads a node's boot override from its BMC.
+func (s *Server) bootGet(w http.ResponseWriter, r *http.Request) error {
+	return s.run(w, r, ops.Request{Node: r.PathValue("name"), Action: ops.ActBootGet})
+}

@@ -52,6 +52,7 @@ const (
 	ActPowerStatus  = "power_status"
 	ActBootDevice   = "boot_device"
 	ActIdentity     = "identity"
+	ActBootGet      = "boot_get"
 	ActConsoleOpen  = "console_open"
 )
 
@@ -349,6 +350,7 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 	default:
 		rec.Timings = append(rec.Timings, api.Timing{Hop: "agent", DurationMS: ms(time.Duration(res.AgentNs))}, api.Timing{Hop: "plugin", DurationMS: ms(time.Duration(res.PluginNs))})
 		rec.State, rec.RawState, rec.Identity = res.PowerState, res.RawState, res.Identity
+		rec.Boot = bootSetting(res.GetBoot())
 		rec.Detail, rec.Observed = powerReport(res.OperationResult)
 		if res.Ok {
 			outcome = api.OutcomeOK
@@ -724,7 +726,7 @@ func (r *Runner) RecordFates(agent string, fates []*agentpb.Fate) {
 // recorded); reads and consoles are not.
 func changes(action string) bool {
 	switch action {
-	case ActPowerStatus, ActIdentity, ActConsoleOpen:
+	case ActPowerStatus, ActIdentity, ActConsoleOpen, ActBootGet:
 		return false
 	}
 	return true

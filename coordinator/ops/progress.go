@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/internal/agentpb"
 )
 
 type idHookKey struct{}
@@ -88,3 +89,11 @@ func (r *Runner) LastPower(node string) (api.PowerReading, bool) { return r.powe
 
 // ForgetPower drops a node's power reading (the node was deleted).
 func (r *Runner) ForgetPower(node string) { r.power.forget(node) }
+
+// bootSetting is a boot_get result as the API shows it (nil when none).
+func bootSetting(b *agentpb.BootSetting) *api.BootSetting {
+	if b == nil {
+		return nil
+	}
+	return &api.BootSetting{Device: b.Device, Persistent: b.Persistent, EFI: b.Efi, Raw: b.Raw}
+}

@@ -1363,6 +1363,8 @@ type OperationResult struct {
 	// states it read, in order. Sent with a failure too.
 	PowerDetail   string              `protobuf:"bytes,12,opt,name=power_detail,json=powerDetail,proto3" json:"power_detail,omitempty"`
 	PowerObserved []*PowerObservation `protobuf:"bytes,13,rep,name=power_observed,json=powerObserved,proto3" json:"power_observed,omitempty"`
+	// boot is the boot override a boot_get read found.
+	Boot          *BootSetting `protobuf:"bytes,14,opt,name=boot,proto3" json:"boot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1488,6 +1490,85 @@ func (x *OperationResult) GetPowerObserved() []*PowerObservation {
 	return nil
 }
 
+func (x *OperationResult) GetBoot() *BootSetting {
+	if x != nil {
+		return x.Boot
+	}
+	return nil
+}
+
+// BootSetting is a BMC's boot override.
+type BootSetting struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// device is "pxe", "disk", "cdrom", "bios", "none" (no override) or a
+	// driver-specific name.
+	Device     string `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	Persistent bool   `protobuf:"varint,2,opt,name=persistent,proto3" json:"persistent,omitempty"`
+	Efi        bool   `protobuf:"varint,3,opt,name=efi,proto3" json:"efi,omitempty"`
+	// raw is the BMC's own wording, when it differs.
+	Raw           string `protobuf:"bytes,4,opt,name=raw,proto3" json:"raw,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootSetting) Reset() {
+	*x = BootSetting{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootSetting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootSetting) ProtoMessage() {}
+
+func (x *BootSetting) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootSetting.ProtoReflect.Descriptor instead.
+func (*BootSetting) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *BootSetting) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *BootSetting) GetPersistent() bool {
+	if x != nil {
+		return x.Persistent
+	}
+	return false
+}
+
+func (x *BootSetting) GetEfi() bool {
+	if x != nil {
+		return x.Efi
+	}
+	return false
+}
+
+func (x *BootSetting) GetRaw() string {
+	if x != nil {
+		return x.Raw
+	}
+	return ""
+}
+
 type PowerObservation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	State string                 `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
@@ -1499,7 +1580,7 @@ type PowerObservation struct {
 
 func (x *PowerObservation) Reset() {
 	*x = PowerObservation{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1592,7 @@ func (x *PowerObservation) String() string {
 func (*PowerObservation) ProtoMessage() {}
 
 func (x *PowerObservation) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1605,7 @@ func (x *PowerObservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerObservation.ProtoReflect.Descriptor instead.
 func (*PowerObservation) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PowerObservation) GetState() string {
@@ -1556,7 +1637,7 @@ type EventRequest struct {
 
 func (x *EventRequest) Reset() {
 	*x = EventRequest{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1649,7 @@ func (x *EventRequest) String() string {
 func (*EventRequest) ProtoMessage() {}
 
 func (x *EventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1662,7 @@ func (x *EventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventRequest.ProtoReflect.Descriptor instead.
 func (*EventRequest) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EventRequest) GetUri() string {
@@ -1628,7 +1709,7 @@ type EventSpec struct {
 
 func (x *EventSpec) Reset() {
 	*x = EventSpec{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1721,7 @@ func (x *EventSpec) String() string {
 func (*EventSpec) ProtoMessage() {}
 
 func (x *EventSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1734,7 @@ func (x *EventSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventSpec.ProtoReflect.Descriptor instead.
 func (*EventSpec) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EventSpec) GetDestination() string {
@@ -1724,7 +1805,7 @@ type TestEvent struct {
 
 func (x *TestEvent) Reset() {
 	*x = TestEvent{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1817,7 @@ func (x *TestEvent) String() string {
 func (*TestEvent) ProtoMessage() {}
 
 func (x *TestEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1830,7 @@ func (x *TestEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TestEvent.ProtoReflect.Descriptor instead.
 func (*TestEvent) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TestEvent) GetEventType() string {
@@ -1798,7 +1879,7 @@ type EventCapabilities struct {
 
 func (x *EventCapabilities) Reset() {
 	*x = EventCapabilities{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1810,7 +1891,7 @@ func (x *EventCapabilities) String() string {
 func (*EventCapabilities) ProtoMessage() {}
 
 func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1823,7 +1904,7 @@ func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventCapabilities.ProtoReflect.Descriptor instead.
 func (*EventCapabilities) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EventCapabilities) GetServiceEnabled() bool {
@@ -1912,7 +1993,7 @@ type BMCSubscription struct {
 
 func (x *BMCSubscription) Reset() {
 	*x = BMCSubscription{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1924,7 +2005,7 @@ func (x *BMCSubscription) String() string {
 func (*BMCSubscription) ProtoMessage() {}
 
 func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1937,7 +2018,7 @@ func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BMCSubscription.ProtoReflect.Descriptor instead.
 func (*BMCSubscription) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BMCSubscription) GetUri() string {
@@ -2012,7 +2093,7 @@ type EventResult struct {
 
 func (x *EventResult) Reset() {
 	*x = EventResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2105,7 @@ func (x *EventResult) String() string {
 func (*EventResult) ProtoMessage() {}
 
 func (x *EventResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2118,7 @@ func (x *EventResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventResult.ProtoReflect.Descriptor instead.
 func (*EventResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EventResult) GetCapabilities() *EventCapabilities {
@@ -2092,7 +2173,7 @@ type RelayRequest struct {
 
 func (x *RelayRequest) Reset() {
 	*x = RelayRequest{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2185,7 @@ func (x *RelayRequest) String() string {
 func (*RelayRequest) ProtoMessage() {}
 
 func (x *RelayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2198,7 @@ func (x *RelayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayRequest.ProtoReflect.Descriptor instead.
 func (*RelayRequest) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RelayRequest) GetSubscriptionId() string {
@@ -2151,7 +2232,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +2244,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +2257,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -2252,7 +2333,7 @@ type RelayResult struct {
 
 func (x *RelayResult) Reset() {
 	*x = RelayResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2264,7 +2345,7 @@ func (x *RelayResult) String() string {
 func (*RelayResult) ProtoMessage() {}
 
 func (x *RelayResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2277,7 +2358,7 @@ func (x *RelayResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayResult.ProtoReflect.Descriptor instead.
 func (*RelayResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RelayResult) GetDeadLetters() []*DeadLetter {
@@ -2308,7 +2389,7 @@ type RelayConfig struct {
 
 func (x *RelayConfig) Reset() {
 	*x = RelayConfig{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2320,7 +2401,7 @@ func (x *RelayConfig) String() string {
 func (*RelayConfig) ProtoMessage() {}
 
 func (x *RelayConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2333,7 +2414,7 @@ func (x *RelayConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayConfig.ProtoReflect.Descriptor instead.
 func (*RelayConfig) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RelayConfig) GetVersion() uint64 {
@@ -2361,7 +2442,7 @@ type RelayNode struct {
 
 func (x *RelayNode) Reset() {
 	*x = RelayNode{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2373,7 +2454,7 @@ func (x *RelayNode) String() string {
 func (*RelayNode) ProtoMessage() {}
 
 func (x *RelayNode) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2386,7 +2467,7 @@ func (x *RelayNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNode.ProtoReflect.Descriptor instead.
 func (*RelayNode) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RelayNode) GetName() string {
@@ -2431,7 +2512,7 @@ type RelaySubscriber struct {
 
 func (x *RelaySubscriber) Reset() {
 	*x = RelaySubscriber{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2443,7 +2524,7 @@ func (x *RelaySubscriber) String() string {
 func (*RelaySubscriber) ProtoMessage() {}
 
 func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2456,7 +2537,7 @@ func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelaySubscriber.ProtoReflect.Descriptor instead.
 func (*RelaySubscriber) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RelaySubscriber) GetId() string {
@@ -2567,7 +2648,7 @@ type RelayReport struct {
 
 func (x *RelayReport) Reset() {
 	*x = RelayReport{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2579,7 +2660,7 @@ func (x *RelayReport) String() string {
 func (*RelayReport) ProtoMessage() {}
 
 func (x *RelayReport) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2592,7 +2673,7 @@ func (x *RelayReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayReport.ProtoReflect.Descriptor instead.
 func (*RelayReport) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RelayReport) GetSubscribers() []*RelaySubscriberStats {
@@ -2639,7 +2720,7 @@ type RelaySubscriberStats struct {
 
 func (x *RelaySubscriberStats) Reset() {
 	*x = RelaySubscriberStats{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +2732,7 @@ func (x *RelaySubscriberStats) String() string {
 func (*RelaySubscriberStats) ProtoMessage() {}
 
 func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +2745,7 @@ func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelaySubscriberStats.ProtoReflect.Descriptor instead.
 func (*RelaySubscriberStats) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RelaySubscriberStats) GetId() string {
@@ -2738,7 +2819,7 @@ type RelayNodeStats struct {
 
 func (x *RelayNodeStats) Reset() {
 	*x = RelayNodeStats{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2750,7 +2831,7 @@ func (x *RelayNodeStats) String() string {
 func (*RelayNodeStats) ProtoMessage() {}
 
 func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2763,7 +2844,7 @@ func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNodeStats.ProtoReflect.Descriptor instead.
 func (*RelayNodeStats) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{32}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RelayNodeStats) GetNode() string {
@@ -2827,7 +2908,7 @@ type RelayNotice struct {
 
 func (x *RelayNotice) Reset() {
 	*x = RelayNotice{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2839,7 +2920,7 @@ func (x *RelayNotice) String() string {
 func (*RelayNotice) ProtoMessage() {}
 
 func (x *RelayNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2852,7 +2933,7 @@ func (x *RelayNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNotice.ProtoReflect.Descriptor instead.
 func (*RelayNotice) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RelayNotice) GetNode() string {
@@ -2898,7 +2979,7 @@ type RelayEvent struct {
 
 func (x *RelayEvent) Reset() {
 	*x = RelayEvent{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2910,7 +2991,7 @@ func (x *RelayEvent) String() string {
 func (*RelayEvent) ProtoMessage() {}
 
 func (x *RelayEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2923,7 +3004,7 @@ func (x *RelayEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayEvent.ProtoReflect.Descriptor instead.
 func (*RelayEvent) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{34}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RelayEvent) GetId() string {
@@ -3120,7 +3201,7 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x05fates\x18\x01 \x03(\v2\x15.obmesh.agent.v1.FateR\x05fates\",\n" +
 	"\x04Fate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
-	"\x05state\x18\x02 \x01(\tR\x05state\"\xcb\x04\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\"\xfd\x04\n" +
 	"\x0fOperationResult\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x1f\n" +
@@ -3137,10 +3218,18 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	" \x01(\v2\x1c.obmesh.agent.v1.EventResultR\x05event\x122\n" +
 	"\x05relay\x18\v \x01(\v2\x1c.obmesh.agent.v1.RelayResultR\x05relay\x12!\n" +
 	"\fpower_detail\x18\f \x01(\tR\vpowerDetail\x12H\n" +
-	"\x0epower_observed\x18\r \x03(\v2!.obmesh.agent.v1.PowerObservationR\rpowerObserved\x1a;\n" +
+	"\x0epower_observed\x18\r \x03(\v2!.obmesh.agent.v1.PowerObservationR\rpowerObserved\x120\n" +
+	"\x04boot\x18\x0e \x01(\v2\x1c.obmesh.agent.v1.BootSettingR\x04boot\x1a;\n" +
 	"\rIdentityEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"E\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"i\n" +
+	"\vBootSetting\x12\x16\n" +
+	"\x06device\x18\x01 \x01(\tR\x06device\x12\x1e\n" +
+	"\n" +
+	"persistent\x18\x02 \x01(\bR\n" +
+	"persistent\x12\x10\n" +
+	"\x03efi\x18\x03 \x01(\bR\x03efi\x12\x10\n" +
+	"\x03raw\x18\x04 \x01(\tR\x03raw\"E\n" +
 	"\x10PowerObservation\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\tR\x05state\x12\x1b\n" +
 	"\tunix_nano\x18\x02 \x01(\x03R\bunixNano\"\x9a\x01\n" +
@@ -3314,7 +3403,7 @@ func file_internal_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_internal_agentpb_agent_proto_rawDescData
 }
 
-var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*ConsoleFrame)(nil),         // 0: obmesh.agent.v1.ConsoleFrame
 	(*AgentMessage)(nil),         // 1: obmesh.agent.v1.AgentMessage
@@ -3333,77 +3422,79 @@ var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*FateReport)(nil),           // 14: obmesh.agent.v1.FateReport
 	(*Fate)(nil),                 // 15: obmesh.agent.v1.Fate
 	(*OperationResult)(nil),      // 16: obmesh.agent.v1.OperationResult
-	(*PowerObservation)(nil),     // 17: obmesh.agent.v1.PowerObservation
-	(*EventRequest)(nil),         // 18: obmesh.agent.v1.EventRequest
-	(*EventSpec)(nil),            // 19: obmesh.agent.v1.EventSpec
-	(*TestEvent)(nil),            // 20: obmesh.agent.v1.TestEvent
-	(*EventCapabilities)(nil),    // 21: obmesh.agent.v1.EventCapabilities
-	(*BMCSubscription)(nil),      // 22: obmesh.agent.v1.BMCSubscription
-	(*EventResult)(nil),          // 23: obmesh.agent.v1.EventResult
-	(*RelayRequest)(nil),         // 24: obmesh.agent.v1.RelayRequest
-	(*DeadLetter)(nil),           // 25: obmesh.agent.v1.DeadLetter
-	(*RelayResult)(nil),          // 26: obmesh.agent.v1.RelayResult
-	(*RelayConfig)(nil),          // 27: obmesh.agent.v1.RelayConfig
-	(*RelayNode)(nil),            // 28: obmesh.agent.v1.RelayNode
-	(*RelaySubscriber)(nil),      // 29: obmesh.agent.v1.RelaySubscriber
-	(*RelayReport)(nil),          // 30: obmesh.agent.v1.RelayReport
-	(*RelaySubscriberStats)(nil), // 31: obmesh.agent.v1.RelaySubscriberStats
-	(*RelayNodeStats)(nil),       // 32: obmesh.agent.v1.RelayNodeStats
-	(*RelayNotice)(nil),          // 33: obmesh.agent.v1.RelayNotice
-	(*RelayEvent)(nil),           // 34: obmesh.agent.v1.RelayEvent
-	nil,                          // 35: obmesh.agent.v1.Node.OptionsEntry
-	nil,                          // 36: obmesh.agent.v1.OperationResult.IdentityEntry
-	nil,                          // 37: obmesh.agent.v1.EventSpec.HeadersEntry
-	nil,                          // 38: obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	(*BootSetting)(nil),          // 17: obmesh.agent.v1.BootSetting
+	(*PowerObservation)(nil),     // 18: obmesh.agent.v1.PowerObservation
+	(*EventRequest)(nil),         // 19: obmesh.agent.v1.EventRequest
+	(*EventSpec)(nil),            // 20: obmesh.agent.v1.EventSpec
+	(*TestEvent)(nil),            // 21: obmesh.agent.v1.TestEvent
+	(*EventCapabilities)(nil),    // 22: obmesh.agent.v1.EventCapabilities
+	(*BMCSubscription)(nil),      // 23: obmesh.agent.v1.BMCSubscription
+	(*EventResult)(nil),          // 24: obmesh.agent.v1.EventResult
+	(*RelayRequest)(nil),         // 25: obmesh.agent.v1.RelayRequest
+	(*DeadLetter)(nil),           // 26: obmesh.agent.v1.DeadLetter
+	(*RelayResult)(nil),          // 27: obmesh.agent.v1.RelayResult
+	(*RelayConfig)(nil),          // 28: obmesh.agent.v1.RelayConfig
+	(*RelayNode)(nil),            // 29: obmesh.agent.v1.RelayNode
+	(*RelaySubscriber)(nil),      // 30: obmesh.agent.v1.RelaySubscriber
+	(*RelayReport)(nil),          // 31: obmesh.agent.v1.RelayReport
+	(*RelaySubscriberStats)(nil), // 32: obmesh.agent.v1.RelaySubscriberStats
+	(*RelayNodeStats)(nil),       // 33: obmesh.agent.v1.RelayNodeStats
+	(*RelayNotice)(nil),          // 34: obmesh.agent.v1.RelayNotice
+	(*RelayEvent)(nil),           // 35: obmesh.agent.v1.RelayEvent
+	nil,                          // 36: obmesh.agent.v1.Node.OptionsEntry
+	nil,                          // 37: obmesh.agent.v1.OperationResult.IdentityEntry
+	nil,                          // 38: obmesh.agent.v1.EventSpec.HeadersEntry
+	nil,                          // 39: obmesh.agent.v1.RelaySubscriber.HeadersEntry
 }
 var file_internal_agentpb_agent_proto_depIdxs = []int32{
 	3,  // 0: obmesh.agent.v1.AgentMessage.hello:type_name -> obmesh.agent.v1.Hello
 	16, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
 	8,  // 2: obmesh.agent.v1.AgentMessage.heartbeat:type_name -> obmesh.agent.v1.Heartbeat
-	30, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
-	34, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
+	31, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
+	35, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
 	14, // 5: obmesh.agent.v1.AgentMessage.fate_report:type_name -> obmesh.agent.v1.FateReport
 	5,  // 6: obmesh.agent.v1.AgentMessage.driver_report:type_name -> obmesh.agent.v1.DriverReport
 	6,  // 7: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
 	10, // 8: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
 	11, // 9: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
 	7,  // 10: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
-	27, // 11: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
+	28, // 11: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
 	12, // 12: obmesh.agent.v1.CoordinatorMessage.result_ack:type_name -> obmesh.agent.v1.ResultAck
 	13, // 13: obmesh.agent.v1.CoordinatorMessage.fate_query:type_name -> obmesh.agent.v1.FateQuery
 	4,  // 14: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
 	4,  // 15: obmesh.agent.v1.DriverReport.drivers:type_name -> obmesh.agent.v1.Driver
-	35, // 16: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
+	36, // 16: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
 	9,  // 17: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
-	18, // 18: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
-	24, // 19: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
+	19, // 18: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
+	25, // 19: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
 	15, // 20: obmesh.agent.v1.FateReport.fates:type_name -> obmesh.agent.v1.Fate
-	36, // 21: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
-	23, // 22: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
-	26, // 23: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
-	17, // 24: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
-	19, // 25: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
-	20, // 26: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
-	37, // 27: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
-	21, // 28: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
-	22, // 29: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
-	22, // 30: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
-	25, // 31: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
-	28, // 32: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
-	29, // 33: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
-	38, // 34: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
-	31, // 35: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
-	32, // 36: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
-	33, // 37: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
-	1,  // 38: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
-	0,  // 39: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
-	2,  // 40: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
-	0,  // 41: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
-	40, // [40:42] is the sub-list for method output_type
-	38, // [38:40] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	37, // 21: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
+	24, // 22: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
+	27, // 23: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
+	18, // 24: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
+	17, // 25: obmesh.agent.v1.OperationResult.boot:type_name -> obmesh.agent.v1.BootSetting
+	20, // 26: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
+	21, // 27: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
+	38, // 28: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
+	22, // 29: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
+	23, // 30: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
+	23, // 31: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
+	26, // 32: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
+	29, // 33: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
+	30, // 34: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
+	39, // 35: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	32, // 36: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
+	33, // 37: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
+	34, // 38: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
+	1,  // 39: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
+	0,  // 40: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
+	2,  // 41: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
+	0,  // 42: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
+	41, // [41:43] is the sub-list for method output_type
+	39, // [39:41] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_internal_agentpb_agent_proto_init() }
@@ -3435,7 +3526,7 @@ func file_internal_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_agentpb_agent_proto_rawDesc), len(file_internal_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   39,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

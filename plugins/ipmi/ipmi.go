@@ -209,3 +209,41 @@ func (b *bmc) OpenConsole(ctx context.Context) (io.ReadWriteCloser, error) {
 func sameTarget(a, b target) bool {
 	return fmt.Sprintf("%+v", a) == fmt.Sprintf("%+v", b) && a.pass == b.pass
 }
+
+var _ sdk.BootDeviceGetter = (*bmc)(nil)
+
+// BootDevice reads the boot flags (Get System Boot Options, parameter 5).
+// Flags marked invalid mean no override; a selector obmesh has no name for
+// is reported by its number, with the BMC's wording in Raw.
+func (b *bmc) BootDevice(ctx context.Context) (sdk.BootSetting, error) {
+	var bs sdk.BootSetting
+	err := b.c.do(ctx, "get boot flags", func(ctx context.Context, cli *client.Client) error {
+		f := &types.BootOptionParam_BootFlags{}
+		if err := cli.GetSystemBootOptionsParamFor(ctx, f); err != nil {
+			return err
+		}
+		bs = bootSetting(f)
+		return nil
+	})
+	return bs, err
+}
+
+// bootSetting names IPMI boot flags.
+func bootSetting(f *types.BootOptionParam_BootFlags) sdk.BootSetting {
+	bs := sdk.BootSetting{Device: sdk.BootNone, Raw: f.BootDeviceSelector.String()}
+	if !f.BootFlagsValid {
+		bs.Raw = "boot flags not valid (no override)"
+		return bs
+	}
+	bs.Persistent, bs.EFI = f.Persist, f.BIOSBootType == types.BIOSBootTypeEFI
+	bs.Device = ""
+	for dev, sel := range bootSelectors {
+		if sel == f.BootDeviceSelector {
+			bs.Device = dev
+		}
+	}
+	if bs.Device == "" {
+		bs.Device = sdk.BootDevice(fmt.Sprintf("selector-%#02x", uint8(f.BootDeviceSelector)))
+	}
+	return bs
+}

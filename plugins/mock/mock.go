@@ -94,7 +94,8 @@ type node struct {
 	power   sdk.PowerState
 	last    string
 	counter uint64
-	console *console // the current viewer, nil if none
+	console *console        // the current viewer, nil if none
+	boot    sdk.BootSetting // the last boot device set
 }
 
 type bmc struct {
@@ -121,6 +122,7 @@ var (
 	_ sdk.PowerGetter      = (*bmc)(nil)
 	_ sdk.PowerSetter      = (*bmc)(nil)
 	_ sdk.BootDeviceSetter = (*bmc)(nil)
+	_ sdk.BootDeviceGetter = (*bmc)(nil)
 	_ sdk.ConsoleOpener    = (*bmc)(nil)
 )
 
@@ -161,7 +163,7 @@ func (b *bmc) SetPower(ctx context.Context, a sdk.PowerAction) error {
 
 // SetBootDevice accepts obmd's mock devices "A" and "B" and the standard
 // devices; anything else is an invalid argument and changes nothing.
-func (b *bmc) SetBootDevice(ctx context.Context, d sdk.BootDevice, _ sdk.BootOptions) error {
+func (b *bmc) SetBootDevice(ctx context.Context, d sdk.BootDevice, o sdk.BootOptions) error {
 	if err := b.wait(ctx); err != nil {
 		return err
 	}
@@ -171,7 +173,21 @@ func (b *bmc) SetBootDevice(ctx context.Context, d sdk.BootDevice, _ sdk.BootOpt
 	b.n.mu.Lock()
 	defer b.n.mu.Unlock()
 	b.n.last = "bootdev-" + strings.ToLower(string(d))
+	b.n.boot = sdk.BootSetting{Device: d, Persistent: o.Persistent, EFI: o.EFI}
 	return nil
+}
+
+// BootDevice returns the last boot device set (none before the first).
+func (b *bmc) BootDevice(ctx context.Context) (sdk.BootSetting, error) {
+	if err := b.wait(ctx); err != nil {
+		return sdk.BootSetting{}, err
+	}
+	b.n.mu.Lock()
+	defer b.n.mu.Unlock()
+	if b.n.boot.Device == "" {
+		return sdk.BootSetting{Device: sdk.BootNone}, nil
+	}
+	return b.n.boot, nil
 }
 
 // OpenConsole starts a new viewer and ends the previous one.

@@ -123,3 +123,50 @@ func (b *bmc) Identity(ctx context.Context) (sdk.Identity, error) {
 	})
 	return id, err
 }
+
+var _ sdk.BootDeviceGetter = (*bmc)(nil)
+
+// BootDevice reads the system's boot override (Boot.BootSourceOverride*):
+// Disabled, or a target of None, is no override; Once is the next boot
+// only, Continuous every boot; the mode is UEFI or Legacy where the system
+// has it. A target obmesh has no name for is reported as it is, lower-cased,
+// with the BMC's wording in Raw.
+func (b *bmc) BootDevice(ctx context.Context) (sdk.BootSetting, error) {
+	var bs sdk.BootSetting
+	err := b.c.do(ctx, "read boot override", func(client *gofish.APIClient) error {
+		doc, err := b.system(client)
+		if err != nil {
+			return err
+		}
+		boot, ok := field[map[string]json.RawMessage](doc, "Boot")
+		if !ok {
+			return sdk.Errorf(sdk.ClassUnsupported, "redfish: system %s has no Boot property: no boot override", b.systemID)
+		}
+		target, _ := field[string](boot, "BootSourceOverrideTarget")
+		enabled, _ := field[string](boot, "BootSourceOverrideEnabled")
+		mode, _ := field[string](boot, "BootSourceOverrideMode")
+		bs = redfishBootSetting(target, enabled, mode)
+		return nil
+	})
+	return bs, err
+}
+
+// redfishBootSetting names a Redfish boot override.
+func redfishBootSetting(target, enabled, mode string) sdk.BootSetting {
+	raw := fmt.Sprintf("BootSourceOverrideTarget %s, BootSourceOverrideEnabled %s", target, enabled)
+	if mode != "" {
+		raw += ", BootSourceOverrideMode " + mode
+	}
+	bs := sdk.BootSetting{Device: sdk.BootNone, Raw: raw, EFI: mode == "UEFI"}
+	if enabled == "Disabled" || enabled == "" || target == "" || target == "None" {
+		return bs
+	}
+	bs.Persistent = enabled == "Continuous"
+	bs.Device = sdk.BootDevice(strings.ToLower(target))
+	for dev, t := range bootTargets {
+		if t == target {
+			bs.Device = dev
+		}
+	}
+	return bs
+}

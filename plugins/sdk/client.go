@@ -110,7 +110,7 @@ func (b *RemoteBMC) Has(c Capability) bool { return b.caps[c] }
 // Capabilities lists the advertised capabilities.
 func (b *RemoteBMC) Capabilities() []Capability {
 	var out []Capability
-	for _, c := range []Capability{CapPowerGet, CapPowerSet, CapBootDevice, CapConsole, CapIdentity, CapEvents} {
+	for _, c := range []Capability{CapPowerGet, CapPowerSet, CapBootDevice, CapBootGet, CapConsole, CapIdentity, CapEvents} {
 		if b.caps[c] {
 			out = append(out, c)
 		}

@@ -5,8 +5,8 @@
 //
 // A driver implements Driver. Open returns a BMC for one node; the BMC
 // advertises what it can do by the optional interfaces it implements
-// (PowerGetter, PowerSetter, BootDeviceSetter, ConsoleOpener, Identifier,
-// EventSubscriber). Capabilities are computed from the value Open returns,
+// (PowerGetter, PowerSetter, BootDeviceSetter, BootDeviceGetter,
+// ConsoleOpener, Identifier, EventSubscriber). Capabilities are computed from the value Open returns,
 // never declared by hand. A PowerSetter that also implements PowerReporter
 // reports how it carried out an action and what it observed (kept in the
 // receipt); a Driver that implements OptionValidator checks a node's
@@ -450,6 +450,9 @@ func CapabilitiesOf(b BMC) []Capability {
 	}
 	if _, ok := b.(BootDeviceSetter); ok {
 		caps = append(caps, CapBootDevice)
+	}
+	if _, ok := b.(BootDeviceGetter); ok {
+		caps = append(caps, CapBootGet)
 	}
 	if _, ok := b.(ConsoleOpener); ok {
 		caps = append(caps, CapConsole)

@@ -672,6 +672,77 @@ func (x *SetBootDeviceRequest) GetEfi() bool {
 	return false
 }
 
+type BootDeviceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// device is "pxe", "disk", "cdrom", "bios", "none" (no override) or a
+	// driver-specific name.
+	Device     string `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	Persistent bool   `protobuf:"varint,2,opt,name=persistent,proto3" json:"persistent,omitempty"`
+	Efi        bool   `protobuf:"varint,3,opt,name=efi,proto3" json:"efi,omitempty"`
+	// raw is the BMC's own wording, when it differs.
+	Raw           string `protobuf:"bytes,4,opt,name=raw,proto3" json:"raw,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootDeviceResponse) Reset() {
+	*x = BootDeviceResponse{}
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootDeviceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootDeviceResponse) ProtoMessage() {}
+
+func (x *BootDeviceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootDeviceResponse.ProtoReflect.Descriptor instead.
+func (*BootDeviceResponse) Descriptor() ([]byte, []int) {
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *BootDeviceResponse) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *BootDeviceResponse) GetPersistent() bool {
+	if x != nil {
+		return x.Persistent
+	}
+	return false
+}
+
+func (x *BootDeviceResponse) GetEfi() bool {
+	if x != nil {
+		return x.Efi
+	}
+	return false
+}
+
+func (x *BootDeviceResponse) GetRaw() string {
+	if x != nil {
+		return x.Raw
+	}
+	return ""
+}
+
 type IdentityResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Vendor        string                 `protobuf:"bytes,1,opt,name=vendor,proto3" json:"vendor,omitempty"`
@@ -684,7 +755,7 @@ type IdentityResponse struct {
 
 func (x *IdentityResponse) Reset() {
 	*x = IdentityResponse{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[12]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -696,7 +767,7 @@ func (x *IdentityResponse) String() string {
 func (*IdentityResponse) ProtoMessage() {}
 
 func (x *IdentityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[12]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -709,7 +780,7 @@ func (x *IdentityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentityResponse.ProtoReflect.Descriptor instead.
 func (*IdentityResponse) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{12}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *IdentityResponse) GetVendor() string {
@@ -754,7 +825,7 @@ type ConsoleInput struct {
 
 func (x *ConsoleInput) Reset() {
 	*x = ConsoleInput{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[13]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +837,7 @@ func (x *ConsoleInput) String() string {
 func (*ConsoleInput) ProtoMessage() {}
 
 func (x *ConsoleInput) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[13]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +850,7 @@ func (x *ConsoleInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsoleInput.ProtoReflect.Descriptor instead.
 func (*ConsoleInput) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{13}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ConsoleInput) GetSession() string {
@@ -812,7 +883,7 @@ type ConsoleOutput struct {
 
 func (x *ConsoleOutput) Reset() {
 	*x = ConsoleOutput{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[14]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +895,7 @@ func (x *ConsoleOutput) String() string {
 func (*ConsoleOutput) ProtoMessage() {}
 
 func (x *ConsoleOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[14]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +908,7 @@ func (x *ConsoleOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsoleOutput.ProtoReflect.Descriptor instead.
 func (*ConsoleOutput) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{14}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ConsoleOutput) GetData() []byte {
@@ -866,7 +937,7 @@ type EventCapabilitiesResponse struct {
 
 func (x *EventCapabilitiesResponse) Reset() {
 	*x = EventCapabilitiesResponse{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[15]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -878,7 +949,7 @@ func (x *EventCapabilitiesResponse) String() string {
 func (*EventCapabilitiesResponse) ProtoMessage() {}
 
 func (x *EventCapabilitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[15]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -891,7 +962,7 @@ func (x *EventCapabilitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventCapabilitiesResponse.ProtoReflect.Descriptor instead.
 func (*EventCapabilitiesResponse) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{15}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EventCapabilitiesResponse) GetEventTypes() []string {
@@ -982,7 +1053,7 @@ type Subscription struct {
 
 func (x *Subscription) Reset() {
 	*x = Subscription{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[16]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1065,7 @@ func (x *Subscription) String() string {
 func (*Subscription) ProtoMessage() {}
 
 func (x *Subscription) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[16]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1078,7 @@ func (x *Subscription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Subscription.ProtoReflect.Descriptor instead.
 func (*Subscription) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{16}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Subscription) GetId() string {
@@ -1077,7 +1148,7 @@ type ListSubscriptionsResponse struct {
 
 func (x *ListSubscriptionsResponse) Reset() {
 	*x = ListSubscriptionsResponse{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[17]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1160,7 @@ func (x *ListSubscriptionsResponse) String() string {
 func (*ListSubscriptionsResponse) ProtoMessage() {}
 
 func (x *ListSubscriptionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[17]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1173,7 @@ func (x *ListSubscriptionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSubscriptionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSubscriptionsResponse) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{17}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListSubscriptionsResponse) GetSubscriptions() []*Subscription {
@@ -1139,7 +1210,7 @@ type CreateSubscriptionRequest struct {
 
 func (x *CreateSubscriptionRequest) Reset() {
 	*x = CreateSubscriptionRequest{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[18]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1222,7 @@ func (x *CreateSubscriptionRequest) String() string {
 func (*CreateSubscriptionRequest) ProtoMessage() {}
 
 func (x *CreateSubscriptionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[18]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1235,7 @@ func (x *CreateSubscriptionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSubscriptionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSubscriptionRequest) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{18}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreateSubscriptionRequest) GetSession() string {
@@ -1242,7 +1313,7 @@ type DriverError struct {
 
 func (x *DriverError) Reset() {
 	*x = DriverError{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[19]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1254,7 +1325,7 @@ func (x *DriverError) String() string {
 func (*DriverError) ProtoMessage() {}
 
 func (x *DriverError) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[19]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1267,7 +1338,7 @@ func (x *DriverError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriverError.ProtoReflect.Descriptor instead.
 func (*DriverError) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{19}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DriverError) GetClass() string {
@@ -1299,7 +1370,7 @@ type CreateSubscriptionResponse struct {
 
 func (x *CreateSubscriptionResponse) Reset() {
 	*x = CreateSubscriptionResponse{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[20]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1382,7 @@ func (x *CreateSubscriptionResponse) String() string {
 func (*CreateSubscriptionResponse) ProtoMessage() {}
 
 func (x *CreateSubscriptionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[20]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1395,7 @@ func (x *CreateSubscriptionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSubscriptionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSubscriptionResponse) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{20}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateSubscriptionResponse) GetSubscription() *Subscription {
@@ -1367,7 +1438,7 @@ type SubscriptionRequest struct {
 
 func (x *SubscriptionRequest) Reset() {
 	*x = SubscriptionRequest{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[21]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1379,7 +1450,7 @@ func (x *SubscriptionRequest) String() string {
 func (*SubscriptionRequest) ProtoMessage() {}
 
 func (x *SubscriptionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[21]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1392,7 +1463,7 @@ func (x *SubscriptionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscriptionRequest.ProtoReflect.Descriptor instead.
 func (*SubscriptionRequest) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{21}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SubscriptionRequest) GetSession() string {
@@ -1429,7 +1500,7 @@ type TestEventRequest struct {
 
 func (x *TestEventRequest) Reset() {
 	*x = TestEventRequest{}
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[22]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1512,7 @@ func (x *TestEventRequest) String() string {
 func (*TestEventRequest) ProtoMessage() {}
 
 func (x *TestEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[22]
+	mi := &file_plugins_sdk_internal_driverpb_driver_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1525,7 @@ func (x *TestEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TestEventRequest.ProtoReflect.Descriptor instead.
 func (*TestEventRequest) Descriptor() ([]byte, []int) {
-	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{22}
+	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TestEventRequest) GetSession() string {
@@ -1537,7 +1608,14 @@ const file_plugins_sdk_internal_driverpb_driver_proto_rawDesc = "" +
 	"\n" +
 	"persistent\x18\x03 \x01(\bR\n" +
 	"persistent\x12\x10\n" +
-	"\x03efi\x18\x04 \x01(\bR\x03efi\"\xdb\x01\n" +
+	"\x03efi\x18\x04 \x01(\bR\x03efi\"p\n" +
+	"\x12BootDeviceResponse\x12\x16\n" +
+	"\x06device\x18\x01 \x01(\tR\x06device\x12\x1e\n" +
+	"\n" +
+	"persistent\x18\x02 \x01(\bR\n" +
+	"persistent\x12\x10\n" +
+	"\x03efi\x18\x03 \x01(\bR\x03efi\x12\x10\n" +
+	"\x03raw\x18\x04 \x01(\tR\x03raw\"\xdb\x01\n" +
 	"\x10IdentityResponse\x12\x16\n" +
 	"\x06vendor\x18\x01 \x01(\tR\x06vendor\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
@@ -1613,8 +1691,7 @@ const file_plugins_sdk_internal_driverpb_driver_proto_rawDesc = "" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x04 \x01(\tR\tmessageId\x12\x1a\n" +
-	"\bseverity\x18\x05 \x01(\tR\bseverity2\xcf\n" +
-	"\n" +
+	"\bseverity\x18\x05 \x01(\tR\bseverity2\xa5\v\n" +
 	"\x06Driver\x12E\n" +
 	"\x04Info\x12\x1d.obmesh.driver.v1.InfoRequest\x1a\x1e.obmesh.driver.v1.InfoResponse\x12E\n" +
 	"\x04Open\x12\x1d.obmesh.driver.v1.OpenRequest\x1a\x1e.obmesh.driver.v1.OpenResponse\x12B\n" +
@@ -1632,7 +1709,9 @@ const file_plugins_sdk_internal_driverpb_driver_proto_rawDesc = "" +
 	"\x16SetSubscriptionContext\x12%.obmesh.driver.v1.SubscriptionRequest\x1a\x17.obmesh.driver.v1.Empty\x12T\n" +
 	"\x12ResumeSubscription\x12%.obmesh.driver.v1.SubscriptionRequest\x1a\x17.obmesh.driver.v1.Empty\x12L\n" +
 	"\rSendTestEvent\x12\".obmesh.driver.v1.TestEventRequest\x1a\x17.obmesh.driver.v1.Empty\x12I\n" +
-	"\x0fValidateOptions\x12\x1d.obmesh.driver.v1.OpenRequest\x1a\x17.obmesh.driver.v1.EmptyB8Z6github.com/obmesh/obmesh/plugins/sdk/internal/driverpbb\x06proto3"
+	"\x0fValidateOptions\x12\x1d.obmesh.driver.v1.OpenRequest\x1a\x17.obmesh.driver.v1.Empty\x12T\n" +
+	"\n" +
+	"BootDevice\x12 .obmesh.driver.v1.SessionRequest\x1a$.obmesh.driver.v1.BootDeviceResponseB8Z6github.com/obmesh/obmesh/plugins/sdk/internal/driverpbb\x06proto3"
 
 var (
 	file_plugins_sdk_internal_driverpb_driver_proto_rawDescOnce sync.Once
@@ -1646,7 +1725,7 @@ func file_plugins_sdk_internal_driverpb_driver_proto_rawDescGZIP() []byte {
 	return file_plugins_sdk_internal_driverpb_driver_proto_rawDescData
 }
 
-var file_plugins_sdk_internal_driverpb_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_plugins_sdk_internal_driverpb_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_plugins_sdk_internal_driverpb_driver_proto_goTypes = []any{
 	(*Empty)(nil),                      // 0: obmesh.driver.v1.Empty
 	(*InfoRequest)(nil),                // 1: obmesh.driver.v1.InfoRequest
@@ -1660,30 +1739,31 @@ var file_plugins_sdk_internal_driverpb_driver_proto_goTypes = []any{
 	(*SetPowerResponse)(nil),           // 9: obmesh.driver.v1.SetPowerResponse
 	(*PowerObservation)(nil),           // 10: obmesh.driver.v1.PowerObservation
 	(*SetBootDeviceRequest)(nil),       // 11: obmesh.driver.v1.SetBootDeviceRequest
-	(*IdentityResponse)(nil),           // 12: obmesh.driver.v1.IdentityResponse
-	(*ConsoleInput)(nil),               // 13: obmesh.driver.v1.ConsoleInput
-	(*ConsoleOutput)(nil),              // 14: obmesh.driver.v1.ConsoleOutput
-	(*EventCapabilitiesResponse)(nil),  // 15: obmesh.driver.v1.EventCapabilitiesResponse
-	(*Subscription)(nil),               // 16: obmesh.driver.v1.Subscription
-	(*ListSubscriptionsResponse)(nil),  // 17: obmesh.driver.v1.ListSubscriptionsResponse
-	(*CreateSubscriptionRequest)(nil),  // 18: obmesh.driver.v1.CreateSubscriptionRequest
-	(*DriverError)(nil),                // 19: obmesh.driver.v1.DriverError
-	(*CreateSubscriptionResponse)(nil), // 20: obmesh.driver.v1.CreateSubscriptionResponse
-	(*SubscriptionRequest)(nil),        // 21: obmesh.driver.v1.SubscriptionRequest
-	(*TestEventRequest)(nil),           // 22: obmesh.driver.v1.TestEventRequest
-	nil,                                // 23: obmesh.driver.v1.Node.OptionsEntry
-	nil,                                // 24: obmesh.driver.v1.IdentityResponse.ExtraEntry
-	nil,                                // 25: obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntry
+	(*BootDeviceResponse)(nil),         // 12: obmesh.driver.v1.BootDeviceResponse
+	(*IdentityResponse)(nil),           // 13: obmesh.driver.v1.IdentityResponse
+	(*ConsoleInput)(nil),               // 14: obmesh.driver.v1.ConsoleInput
+	(*ConsoleOutput)(nil),              // 15: obmesh.driver.v1.ConsoleOutput
+	(*EventCapabilitiesResponse)(nil),  // 16: obmesh.driver.v1.EventCapabilitiesResponse
+	(*Subscription)(nil),               // 17: obmesh.driver.v1.Subscription
+	(*ListSubscriptionsResponse)(nil),  // 18: obmesh.driver.v1.ListSubscriptionsResponse
+	(*CreateSubscriptionRequest)(nil),  // 19: obmesh.driver.v1.CreateSubscriptionRequest
+	(*DriverError)(nil),                // 20: obmesh.driver.v1.DriverError
+	(*CreateSubscriptionResponse)(nil), // 21: obmesh.driver.v1.CreateSubscriptionResponse
+	(*SubscriptionRequest)(nil),        // 22: obmesh.driver.v1.SubscriptionRequest
+	(*TestEventRequest)(nil),           // 23: obmesh.driver.v1.TestEventRequest
+	nil,                                // 24: obmesh.driver.v1.Node.OptionsEntry
+	nil,                                // 25: obmesh.driver.v1.IdentityResponse.ExtraEntry
+	nil,                                // 26: obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntry
 }
 var file_plugins_sdk_internal_driverpb_driver_proto_depIdxs = []int32{
-	23, // 0: obmesh.driver.v1.Node.options:type_name -> obmesh.driver.v1.Node.OptionsEntry
+	24, // 0: obmesh.driver.v1.Node.options:type_name -> obmesh.driver.v1.Node.OptionsEntry
 	3,  // 1: obmesh.driver.v1.OpenRequest.node:type_name -> obmesh.driver.v1.Node
 	10, // 2: obmesh.driver.v1.SetPowerResponse.observed:type_name -> obmesh.driver.v1.PowerObservation
-	24, // 3: obmesh.driver.v1.IdentityResponse.extra:type_name -> obmesh.driver.v1.IdentityResponse.ExtraEntry
-	16, // 4: obmesh.driver.v1.ListSubscriptionsResponse.subscriptions:type_name -> obmesh.driver.v1.Subscription
-	25, // 5: obmesh.driver.v1.CreateSubscriptionRequest.headers:type_name -> obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntry
-	16, // 6: obmesh.driver.v1.CreateSubscriptionResponse.subscription:type_name -> obmesh.driver.v1.Subscription
-	19, // 7: obmesh.driver.v1.CreateSubscriptionResponse.error:type_name -> obmesh.driver.v1.DriverError
+	25, // 3: obmesh.driver.v1.IdentityResponse.extra:type_name -> obmesh.driver.v1.IdentityResponse.ExtraEntry
+	17, // 4: obmesh.driver.v1.ListSubscriptionsResponse.subscriptions:type_name -> obmesh.driver.v1.Subscription
+	26, // 5: obmesh.driver.v1.CreateSubscriptionRequest.headers:type_name -> obmesh.driver.v1.CreateSubscriptionRequest.HeadersEntry
+	17, // 6: obmesh.driver.v1.CreateSubscriptionResponse.subscription:type_name -> obmesh.driver.v1.Subscription
+	20, // 7: obmesh.driver.v1.CreateSubscriptionResponse.error:type_name -> obmesh.driver.v1.DriverError
 	1,  // 8: obmesh.driver.v1.Driver.Info:input_type -> obmesh.driver.v1.InfoRequest
 	4,  // 9: obmesh.driver.v1.Driver.Open:input_type -> obmesh.driver.v1.OpenRequest
 	6,  // 10: obmesh.driver.v1.Driver.Close:input_type -> obmesh.driver.v1.SessionRequest
@@ -1691,33 +1771,35 @@ var file_plugins_sdk_internal_driverpb_driver_proto_depIdxs = []int32{
 	8,  // 12: obmesh.driver.v1.Driver.SetPower:input_type -> obmesh.driver.v1.SetPowerRequest
 	11, // 13: obmesh.driver.v1.Driver.SetBootDevice:input_type -> obmesh.driver.v1.SetBootDeviceRequest
 	6,  // 14: obmesh.driver.v1.Driver.Identity:input_type -> obmesh.driver.v1.SessionRequest
-	13, // 15: obmesh.driver.v1.Driver.Console:input_type -> obmesh.driver.v1.ConsoleInput
+	14, // 15: obmesh.driver.v1.Driver.Console:input_type -> obmesh.driver.v1.ConsoleInput
 	6,  // 16: obmesh.driver.v1.Driver.EventCapabilities:input_type -> obmesh.driver.v1.SessionRequest
 	6,  // 17: obmesh.driver.v1.Driver.ListSubscriptions:input_type -> obmesh.driver.v1.SessionRequest
-	18, // 18: obmesh.driver.v1.Driver.CreateSubscription:input_type -> obmesh.driver.v1.CreateSubscriptionRequest
-	21, // 19: obmesh.driver.v1.Driver.DeleteSubscription:input_type -> obmesh.driver.v1.SubscriptionRequest
-	21, // 20: obmesh.driver.v1.Driver.SetSubscriptionContext:input_type -> obmesh.driver.v1.SubscriptionRequest
-	21, // 21: obmesh.driver.v1.Driver.ResumeSubscription:input_type -> obmesh.driver.v1.SubscriptionRequest
-	22, // 22: obmesh.driver.v1.Driver.SendTestEvent:input_type -> obmesh.driver.v1.TestEventRequest
+	19, // 18: obmesh.driver.v1.Driver.CreateSubscription:input_type -> obmesh.driver.v1.CreateSubscriptionRequest
+	22, // 19: obmesh.driver.v1.Driver.DeleteSubscription:input_type -> obmesh.driver.v1.SubscriptionRequest
+	22, // 20: obmesh.driver.v1.Driver.SetSubscriptionContext:input_type -> obmesh.driver.v1.SubscriptionRequest
+	22, // 21: obmesh.driver.v1.Driver.ResumeSubscription:input_type -> obmesh.driver.v1.SubscriptionRequest
+	23, // 22: obmesh.driver.v1.Driver.SendTestEvent:input_type -> obmesh.driver.v1.TestEventRequest
 	4,  // 23: obmesh.driver.v1.Driver.ValidateOptions:input_type -> obmesh.driver.v1.OpenRequest
-	2,  // 24: obmesh.driver.v1.Driver.Info:output_type -> obmesh.driver.v1.InfoResponse
-	5,  // 25: obmesh.driver.v1.Driver.Open:output_type -> obmesh.driver.v1.OpenResponse
-	0,  // 26: obmesh.driver.v1.Driver.Close:output_type -> obmesh.driver.v1.Empty
-	7,  // 27: obmesh.driver.v1.Driver.PowerState:output_type -> obmesh.driver.v1.PowerStateResponse
-	9,  // 28: obmesh.driver.v1.Driver.SetPower:output_type -> obmesh.driver.v1.SetPowerResponse
-	0,  // 29: obmesh.driver.v1.Driver.SetBootDevice:output_type -> obmesh.driver.v1.Empty
-	12, // 30: obmesh.driver.v1.Driver.Identity:output_type -> obmesh.driver.v1.IdentityResponse
-	14, // 31: obmesh.driver.v1.Driver.Console:output_type -> obmesh.driver.v1.ConsoleOutput
-	15, // 32: obmesh.driver.v1.Driver.EventCapabilities:output_type -> obmesh.driver.v1.EventCapabilitiesResponse
-	17, // 33: obmesh.driver.v1.Driver.ListSubscriptions:output_type -> obmesh.driver.v1.ListSubscriptionsResponse
-	20, // 34: obmesh.driver.v1.Driver.CreateSubscription:output_type -> obmesh.driver.v1.CreateSubscriptionResponse
-	0,  // 35: obmesh.driver.v1.Driver.DeleteSubscription:output_type -> obmesh.driver.v1.Empty
-	0,  // 36: obmesh.driver.v1.Driver.SetSubscriptionContext:output_type -> obmesh.driver.v1.Empty
-	0,  // 37: obmesh.driver.v1.Driver.ResumeSubscription:output_type -> obmesh.driver.v1.Empty
-	0,  // 38: obmesh.driver.v1.Driver.SendTestEvent:output_type -> obmesh.driver.v1.Empty
-	0,  // 39: obmesh.driver.v1.Driver.ValidateOptions:output_type -> obmesh.driver.v1.Empty
-	24, // [24:40] is the sub-list for method output_type
-	8,  // [8:24] is the sub-list for method input_type
+	6,  // 24: obmesh.driver.v1.Driver.BootDevice:input_type -> obmesh.driver.v1.SessionRequest
+	2,  // 25: obmesh.driver.v1.Driver.Info:output_type -> obmesh.driver.v1.InfoResponse
+	5,  // 26: obmesh.driver.v1.Driver.Open:output_type -> obmesh.driver.v1.OpenResponse
+	0,  // 27: obmesh.driver.v1.Driver.Close:output_type -> obmesh.driver.v1.Empty
+	7,  // 28: obmesh.driver.v1.Driver.PowerState:output_type -> obmesh.driver.v1.PowerStateResponse
+	9,  // 29: obmesh.driver.v1.Driver.SetPower:output_type -> obmesh.driver.v1.SetPowerResponse
+	0,  // 30: obmesh.driver.v1.Driver.SetBootDevice:output_type -> obmesh.driver.v1.Empty
+	13, // 31: obmesh.driver.v1.Driver.Identity:output_type -> obmesh.driver.v1.IdentityResponse
+	15, // 32: obmesh.driver.v1.Driver.Console:output_type -> obmesh.driver.v1.ConsoleOutput
+	16, // 33: obmesh.driver.v1.Driver.EventCapabilities:output_type -> obmesh.driver.v1.EventCapabilitiesResponse
+	18, // 34: obmesh.driver.v1.Driver.ListSubscriptions:output_type -> obmesh.driver.v1.ListSubscriptionsResponse
+	21, // 35: obmesh.driver.v1.Driver.CreateSubscription:output_type -> obmesh.driver.v1.CreateSubscriptionResponse
+	0,  // 36: obmesh.driver.v1.Driver.DeleteSubscription:output_type -> obmesh.driver.v1.Empty
+	0,  // 37: obmesh.driver.v1.Driver.SetSubscriptionContext:output_type -> obmesh.driver.v1.Empty
+	0,  // 38: obmesh.driver.v1.Driver.ResumeSubscription:output_type -> obmesh.driver.v1.Empty
+	0,  // 39: obmesh.driver.v1.Driver.SendTestEvent:output_type -> obmesh.driver.v1.Empty
+	0,  // 40: obmesh.driver.v1.Driver.ValidateOptions:output_type -> obmesh.driver.v1.Empty
+	12, // 41: obmesh.driver.v1.Driver.BootDevice:output_type -> obmesh.driver.v1.BootDeviceResponse
+	25, // [25:42] is the sub-list for method output_type
+	8,  // [8:25] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -1734,7 +1816,7 @@ func file_plugins_sdk_internal_driverpb_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugins_sdk_internal_driverpb_driver_proto_rawDesc), len(file_plugins_sdk_internal_driverpb_driver_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

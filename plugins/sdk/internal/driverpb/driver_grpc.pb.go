@@ -40,6 +40,7 @@ const (
 	Driver_ResumeSubscription_FullMethodName     = "/obmesh.driver.v1.Driver/ResumeSubscription"
 	Driver_SendTestEvent_FullMethodName          = "/obmesh.driver.v1.Driver/SendTestEvent"
 	Driver_ValidateOptions_FullMethodName        = "/obmesh.driver.v1.Driver/ValidateOptions"
+	Driver_BootDevice_FullMethodName             = "/obmesh.driver.v1.Driver/BootDevice"
 )
 
 // DriverClient is the client API for Driver service.
@@ -93,6 +94,9 @@ type DriverClient interface {
 	// without contacting the BMC. A driver without such checks answers
 	// UNIMPLEMENTED (or the unsupported class).
 	ValidateOptions(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*Empty, error)
+	// BootDevice reads the boot override (sessions with the boot_get
+	// capability).
+	BootDevice(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*BootDeviceResponse, error)
 }
 
 type driverClient struct {
@@ -266,6 +270,16 @@ func (c *driverClient) ValidateOptions(ctx context.Context, in *OpenRequest, opt
 	return out, nil
 }
 
+func (c *driverClient) BootDevice(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*BootDeviceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BootDeviceResponse)
+	err := c.cc.Invoke(ctx, Driver_BootDevice_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DriverServer is the server API for Driver service.
 // All implementations must embed UnimplementedDriverServer
 // for forward compatibility.
@@ -317,6 +331,9 @@ type DriverServer interface {
 	// without contacting the BMC. A driver without such checks answers
 	// UNIMPLEMENTED (or the unsupported class).
 	ValidateOptions(context.Context, *OpenRequest) (*Empty, error)
+	// BootDevice reads the boot override (sessions with the boot_get
+	// capability).
+	BootDevice(context.Context, *SessionRequest) (*BootDeviceResponse, error)
 	mustEmbedUnimplementedDriverServer()
 }
 
@@ -374,6 +391,9 @@ func (UnimplementedDriverServer) SendTestEvent(context.Context, *TestEventReques
 }
 func (UnimplementedDriverServer) ValidateOptions(context.Context, *OpenRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method ValidateOptions not implemented")
+}
+func (UnimplementedDriverServer) BootDevice(context.Context, *SessionRequest) (*BootDeviceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BootDevice not implemented")
 }
 func (UnimplementedDriverServer) mustEmbedUnimplementedDriverServer() {}
 func (UnimplementedDriverServer) testEmbeddedByValue()                {}
@@ -673,6 +693,24 @@ func _Driver_ValidateOptions_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Driver_BootDevice_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).BootDevice(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_BootDevice_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).BootDevice(ctx, req.(*SessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Driver_ServiceDesc is the grpc.ServiceDesc for Driver service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -739,6 +777,10 @@ var Driver_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ValidateOptions",
 			Handler:    _Driver_ValidateOptions_Handler,
+		},
+		{
+			MethodName: "BootDevice",
+			Handler:    _Driver_BootDevice_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
