@@ -382,3 +382,26 @@ func TestAPI_LastPowerReading(t *testing.T) {
 		t.Errorf("a re-registered node shows its predecessor's power: %s", raw)
 	}
 }
+
+// GET /v1/nodes/{name}/boot runs a boot_get read and returns the boot
+// setting in the receipt; reads are not recorded.
+func TestAPI_BootGet(t *testing.T) {
+	f := newDoorFixture(t)
+	f.do(t, "POST", "/v1/nodes", `{"name":"n1","driver":"mock"}`, token)
+	f.setReply(func(ctx context.Context, op *agentpb.Operation) (agentsvc.Result, error) {
+		return agentsvc.Result{OperationResult: &agentpb.OperationResult{Id: op.Id, Ok: true,
+			Boot: &agentpb.BootSetting{Device: "pxe", Persistent: true, Efi: true, Raw: "Pxe"}}, Agent: "a1", Sent: true}, nil
+	})
+	st, _, raw := f.do(t, "GET", "/v1/nodes/n1/boot", "", token)
+	var rec api.Receipt
+	json.Unmarshal([]byte(raw), &rec)
+	if st != 200 || rec.Boot == nil || *rec.Boot != (api.BootSetting{Device: "pxe", Persistent: true, EFI: true, Raw: "Pxe"}) || rec.Action != ops.ActBootGet {
+		t.Fatalf("boot get = %d %s", st, raw)
+	}
+	if got := f.actions(); len(got) != 1 || got[0] != ops.ActBootGet {
+		t.Errorf("sent %v", got)
+	}
+	if _, _, raw := f.do(t, "GET", "/v1/operations", "", token); strings.Contains(raw, "boot_get") {
+		t.Errorf("a read was recorded: %s", raw)
+	}
+}
