@@ -19,6 +19,9 @@ func TestBootDevice_ReadsBackTheBootFlags(t *testing.T) {
 	defer sim.Close()
 	b := open(t, ipmi.New(), sdk.Node{Name: "n1", Key: "n1@1", Address: sim.Addr, Username: "admin", Password: "pw"})
 	set, get := b.(sdk.BootDeviceSetter), b.(sdk.BootDeviceGetter)
+	if got, err := get.BootDevice(ctxT(t, 10*time.Second)); err != nil || got.Device != sdk.BootNone {
+		t.Errorf("before any set: %+v, %v; want no override", got, err)
+	}
 	for _, c := range []struct {
 		dev  sdk.BootDevice
 		opts sdk.BootOptions

@@ -9,6 +9,7 @@ package ipmi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -213,13 +214,21 @@ func sameTarget(a, b target) bool {
 var _ sdk.BootDeviceGetter = (*bmc)(nil)
 
 // BootDevice reads the boot flags (Get System Boot Options, parameter 5).
-// Flags marked invalid mean no override; a selector obmesh has no name for
+// Flags marked invalid, or none at all (completion code 0x80), mean no
+// override; a selector obmesh has no name for
 // is reported by its number, with the BMC's wording in Raw.
 func (b *bmc) BootDevice(ctx context.Context) (sdk.BootSetting, error) {
 	var bs sdk.BootSetting
 	err := b.c.do(ctx, "get boot flags", func(ctx context.Context, cli *client.Client) error {
 		f := &types.BootOptionParam_BootFlags{}
 		if err := cli.GetSystemBootOptionsParamFor(ctx, f); err != nil {
+			var re *types.ResponseError
+			if errors.As(err, &re) && re.CompletionCode() == 0x80 {
+				// "Parameter not supported": a BMC that sets boot flags
+				// but has none set yet (go-ipmi's simulator) answers so.
+				bs = sdk.BootSetting{Device: sdk.BootNone, Raw: "no boot flags set (parameter not supported)"}
+				return nil
+			}
 			return err
 		}
 		bs = bootSetting(f)
