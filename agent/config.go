@@ -63,6 +63,12 @@ type LinkConfig struct {
 	// BackoffMin and BackoffMax bound the reconnect backoff.
 	BackoffMin config.Duration `toml:"backoff_min"`
 	BackoffMax config.Duration `toml:"backoff_max"`
+	// Journal, if set, is the file where the agent keeps, across restarts,
+	// the operations it received and the results no coordinator has
+	// acknowledged yet (fsynced before an operation runs and before its
+	// result is sent). Empty: kept in memory only, so a restart loses
+	// them and their receipts may stay "unknown".
+	Journal string `toml:"journal"`
 }
 
 // RelayConfig configures the agent's BMC event relay (package agent/relay):

@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"context"
 	"net"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -11,7 +13,10 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/obmesh/obmesh/internal/agentpb"
+	"github.com/obmesh/obmesh/internal/config"
+	"github.com/obmesh/obmesh/internal/logging"
 	"github.com/obmesh/obmesh/internal/tlsutil"
+	"github.com/obmesh/obmesh/plugins/sdk/sdktest"
 )
 
 // linkCtl is a fake coordinator whose test ends each link itself.
@@ -178,5 +183,86 @@ func TestAgent_FateAndStartBy(t *testing.T) {
 	tl.Send(op("op-ghost", 1, "power_on"))
 	if r := tl.next(t).GetResult(); r == nil || r.Id != "op-ghost" || r.Ok || r.ErrorClass != "not_started" {
 		t.Fatalf("an operation reported never run, arriving later = %v, want not_started", r)
+	}
+}
+
+// runAgent runs an agent with edit applied to its configuration until the
+// returned stop is called.
+func runAgent(t *testing.T, dir, addr string, edit func(*Config)) (stop func()) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.ID, cfg.Sites, cfg.Coordinators = "a1", []string{"s1"}, []string{addr}
+	cfg.TLS = TLSConfig{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "a1.pem"), KeyFile: filepath.Join(dir, "a1-key.pem")}
+	cfg.Plugins.Builtin = []string{"mock"}
+	cfg.Link.BackoffMin, cfg.Link.BackoffMax = config.Duration(20*time.Millisecond), config.Duration(100*time.Millisecond)
+	cfg.PluginCommand = func(string) *exec.Cmd { return sdktest.SelfCommand() }
+	edit(&cfg)
+	a, err := New(cfg, logging.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("agent Run = %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestAgent_JournalKeepsResultsAndMemoryAcrossRestarts: with a journal, a
+// result not acknowledged before the agent restarts is sent by the next
+// process, and an operation sent since the journal began that the agent
+// never received is "never_run" after the restart too; one it received
+// (and that ran, acknowledged) is "forgotten", never "never_run".
+func TestAgent_JournalKeepsResultsAndMemoryAcrossRestarts(t *testing.T) {
+	dir := pki(t)
+	jpath := filepath.Join(t.TempDir(), "state", "journal")
+	l, addr := startCtl(t, dir)
+	began := time.Now()
+	stop := runAgent(t, dir, addr, func(c *Config) { c.Link.Journal = jpath })
+	l1 := l.welcome(t)
+	l1.Send(op("op-j1", 1, "power_on"))
+	if r := l1.next(t).GetResult(); r == nil || r.Id != "op-j1" || !r.Ok {
+		t.Fatalf("result = %v", r)
+	}
+	l1.Send(op("op-j2", 1, "power_off"))
+	if r := l1.next(t).GetResult(); r == nil || r.Id != "op-j2" {
+		t.Fatalf("result = %v", r)
+	}
+	l1.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_ResultAck{ResultAck: &agentpb.ResultAck{Ids: []string{"op-j2"}}}})
+	close(l1.end)
+	l2 := l.welcome(t) // the same process reconnects; stop it there
+	stop()
+	close(l2.end)
+
+	runAgent(t, dir, addr, func(c *Config) { c.Link.Journal = jpath })
+	l3 := l.welcome(t)
+	if r := l3.next(t).GetResult(); r == nil || r.Id != "op-j1" || !r.Ok {
+		t.Fatalf("after the restart: %v, want op-j1's result re-sent", r)
+	}
+	ghost := began.Add(3 * time.Second) // sent after the journal began, never received
+	for time.Now().Before(ghost) {
+		time.Sleep(50 * time.Millisecond) // the coordinator's clock must have passed it
+	}
+	l3.Send(fateQuery([]string{"op-ghost", "op-j2", "op-j1"}, []time.Time{ghost, began.Add(time.Second), began.Add(time.Second)}))
+	var fates []*agentpb.Fate
+	for fates == nil {
+		if f := l3.next(t).GetFateReport(); f != nil {
+			fates = f.Fates
+		}
+	}
+	want := map[string]string{"op-ghost": "never_run", "op-j2": "forgotten", "op-j1": "kept"}
+	for _, f := range fates {
+		if want[f.Id] != f.State {
+			t.Errorf("fate of %s = %s, want %s", f.Id, f.State, want[f.Id])
+		}
 	}
 }
