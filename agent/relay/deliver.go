@@ -36,7 +36,7 @@ type subState struct {
 	pol     DeliveryPolicy
 	dest    *url.URL
 	invalid string // why the destination is refused ("" = fine)
-	gen     uint64 // bumped when settings change: the worker retries at once
+	gen     uint64 // bumped when settings change or a replay is asked: the worker retries at once
 	pending []*entry
 	dead    int
 	stats   SubscriberStats
@@ -400,6 +400,9 @@ func (r *Relay) deadLetter(st *store, s *subState, e *entry, now time.Time, reas
 	st.kill(s, cp)
 }
 
+// jitter draws a full-jitter delay in [0, d]; tests replace it.
+var jitter = func(d time.Duration) time.Duration { return rand.N(d + 1) }
+
 // backoff is full jitter: rand(0, min(MaxBackoff, InitialBackoff·2^(n-1)))
 // for the n-th consecutive failure.
 func backoff(p DeliveryPolicy, n int) time.Duration {
@@ -413,7 +416,7 @@ func backoff(p DeliveryPolicy, n int) time.Duration {
 	if d <= 0 {
 		return 0
 	}
-	return rand.N(d + 1)
+	return jitter(d)
 }
 
 // deliverer sends events to subscribers over two shared transports.

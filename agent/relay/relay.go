@@ -740,7 +740,9 @@ func (r *Relay) DeadLetters(subID string) []DeadLetter {
 // Replay queues dead letters of a subscriber again, with a fresh attempt
 // count and age: the ones named by ids (DeadLetter.ID, or an EventID), or all
 // when ids is empty. It returns how many were queued; entries that do not fit
-// in the queue stay dead and the error wraps ErrQueueFull.
+// in the queue stay dead and the error wraps ErrQueueFull. A replay is
+// attempted at once: the subscriber's backoff (its pause after failures,
+// up to MaxBackoff) is reset, since replaying says it is back.
 func (r *Relay) Replay(subID string, ids []string) (int, error) {
 	st, ok := r.live()
 	if !ok {
@@ -752,7 +754,14 @@ func (r *Relay) Replay(subID string, ids []string) (int, error) {
 	if s == nil {
 		return 0, fmt.Errorf("%w: %q", ErrUnknownSubscriber, subID)
 	}
-	return st.replay(s, ids, r.cfg.MaxPendingPerSubscriber)
+	n, err := st.replay(s, ids, r.cfg.MaxPendingPerSubscriber)
+	if n > 0 {
+		s.mu.Lock()
+		s.gen++
+		s.mu.Unlock()
+		s.poke()
+	}
+	return n, err
 }
 
 // Quarantine lists the most recent payloads the parser could not read,

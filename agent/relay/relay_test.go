@@ -329,6 +329,26 @@ func TestDeadLetterAfterMaxAttemptsAndReplay(t *testing.T) {
 	waitFor(t, 5*time.Second, "event freed", func() bool { return h.Stats().QueueBytes == 0 })
 }
 
+// TestReplayNotHeldByTheBackoff: a subscriber that failed is paused for a
+// backoff (up to MaxBackoff, 5 minutes by default); a replay, which says
+// the subscriber is back, is attempted at once, not after the pause.
+func TestReplayNotHeldByTheBackoff(t *testing.T) {
+	prev := jitter
+	jitter = func(d time.Duration) time.Duration { return d } // the longest pause
+	t.Cleanup(func() { jitter = prev })
+	rc := newReceiver(t, false)
+	rc.status.Store(http.StatusInternalServerError)
+	node, nodes := oneNode(t, Subscriber{ID: "s1", Destination: rc.URL(), MaxAttempts: 1, InitialBackoff: time.Hour, MaxBackoff: time.Hour})
+	h := startRelay(t, Config{}, nodes)
+	post(t, h.NodeURL(node.Token, "sid", 1), stdEvent("1"))
+	waitFor(t, 10*time.Second, "a dead letter", func() bool { return len(h.DeadLetters("s1")) == 1 })
+	rc.status.Store(http.StatusNoContent)
+	if n, err := h.Replay("s1", nil); n != 1 || err != nil {
+		t.Fatalf("Replay = %d, %v", n, err)
+	}
+	waitFor(t, 10*time.Second, "the replayed event delivered despite the hour-long pause", func() bool { return rc.count() == 1 })
+}
+
 func TestDeadLetterAfterMaxAge(t *testing.T) {
 	rc := newReceiver(t, false)
 	rc.status.Store(http.StatusServiceUnavailable)
