@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net/http/httptrace"
+	"os"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/term"
 
 	"github.com/obmesh/obmesh/coordinator/api"
 )
@@ -99,7 +102,7 @@ func runOp(ctx context.Context, env Env, c *api.Client, f *clientFlags, node, ac
 
 	var spin *spinner
 	if f.output != "json" && env.terminal(env.Stderr) {
-		spin = startSpinner(env.Stderr, c, node, action, getID)
+		spin = startSpinner(env.Stderr, termWidth(env.Stderr), c, node, action, getID)
 		defer spin.stop()
 	}
 
@@ -140,6 +143,7 @@ func runOp(ctx context.Context, env Env, c *api.Client, f *clientFlags, node, ac
 // redrawn in place, cleared when the operation ends.
 type spinner struct {
 	w      io.Writer
+	width  int // the terminal's columns (0: unknown); a line never wraps
 	c      *api.Client
 	node   string
 	action string
@@ -154,8 +158,8 @@ type spinner struct {
 
 var spinFrames = []string{"⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"}
 
-func startSpinner(w io.Writer, c *api.Client, node, action string, id func() string) *spinner {
-	s := &spinner{w: w, c: c, node: node, action: action, id: id, stopCh: make(chan struct{})}
+func startSpinner(w io.Writer, width int, c *api.Client, node, action string, id func() string) *spinner {
+	s := &spinner{w: w, width: width, c: c, node: node, action: action, id: id, stopCh: make(chan struct{})}
 	s.wg.Go(s.run)
 	return s
 }
@@ -199,8 +203,12 @@ func (s *spinner) run() {
 				pollCh <- polled{p}
 			}()
 		}
-		fmt.Fprintf(s.w, "\r%s %s %s: %s (%.1fs)\x1b[K", spinFrames[frame%len(spinFrames)], termText(strings.ReplaceAll(s.action, "_", " ")),
+		line := fmt.Sprintf("%s %s %s: %s (%.1fs)", spinFrames[frame%len(spinFrames)], termText(strings.ReplaceAll(s.action, "_", " ")),
 			termText(s.node), phase, time.Since(start).Seconds())
+		if r := []rune(line); s.width > 1 && len(r) >= s.width {
+			line = string(r[:s.width-2]) + "…"
+		}
+		fmt.Fprintf(s.w, "\r%s\x1b[K", line)
 		s.drawn = true
 		frame++
 		select {
@@ -227,10 +235,10 @@ func describePhase(rec api.Receipt, action string) string {
 	case api.PhaseAtBMC:
 		p := "at the BMC"
 		if rec.Agent != "" {
-			p += " (agent " + termText(rec.Agent) + ")"
+			p += " via " + termText(rec.Agent)
 		}
 		if strings.HasPrefix(action, "power_") && action != "power_status" {
-			p += ": carrying out the action and waiting for the transition"
+			p += ", waiting for the transition"
 		}
 		return p
 	}
@@ -238,4 +246,17 @@ func describePhase(rec api.Receipt, action string) string {
 		return "finishing (" + termText(rec.Outcome) + ")"
 	}
 	return "waiting for the coordinator"
+}
+
+// termWidth is w's width in columns when it is a terminal, else 0.
+func termWidth(w io.Writer) int {
+	f, ok := w.(*os.File)
+	if !ok {
+		return 0
+	}
+	cols, _, err := term.GetSize(int(f.Fd()))
+	if err != nil {
+		return 0
+	}
+	return cols
 }

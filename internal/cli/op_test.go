@@ -148,7 +148,7 @@ func TestServerTimeout(t *testing.T) {
 // coordinator reports, on stderr, cleared before the receipt is printed;
 // off a terminal, nothing is drawn.
 func TestOperation_SpinnerShowsThePhase(t *testing.T) {
-	const phase = "power on n1: at the BMC (agent agent-7): carrying out the action and waiting for the transition"
+	const phase = "power on n1: at the BMC via agent-7, waiting for the transition"
 	for _, tty := range []bool{true, false} {
 		errb := &watchWriter{want: phase, seen: make(chan struct{})}
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
