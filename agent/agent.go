@@ -109,6 +109,7 @@ type Agent struct {
 	seen    map[string]time.Time
 	seenOrd []string
 	refused map[string]bool
+	began   map[string]bool // received operations whose BMC action began
 	horizon time.Time
 	jour    *journal // nil without [link] journal
 	jourWG  sync.WaitGroup
@@ -230,8 +231,31 @@ func (a *Agent) receive(id string) bool {
 		a.horizon = a.seen[old]
 		delete(a.seen, old)
 		delete(a.refused, old)
+		delete(a.began, old)
 	}
 	return true
+}
+
+// begin notes (in the journal, before any BMC I/O) that an operation's
+// BMC action begins: from then on its fate is known only from its result.
+func (a *Agent) begin(id string) error {
+	a.opsMu.Lock()
+	defer a.opsMu.Unlock()
+	if a.refused[id] {
+		return sdk.Errorf(classNotStarted, "operation refused: this agent already told a coordinator it never began it")
+	}
+	compact, err := a.jour.add(jrec{Op: id, Began: true}, true)
+	if err != nil {
+		a.logger.Error("cannot note a beginning operation in the journal; refusing it", "op", id, "err", err)
+		return sdk.Errorf(classNotStarted, "operation not carried out: this agent cannot write its journal")
+	}
+	if compact {
+		defer a.jourWG.Go(a.compactJournal)
+	}
+	if _, ok := a.seen[id]; ok {
+		a.began[id] = true
+	}
+	return nil
 }
 
 // compactJournal rewrites the journal with what is live.
@@ -248,7 +272,7 @@ func (a *Agent) compactJournal() {
 	if a.jour.n < compactEvery {
 		return // done meanwhile
 	}
-	st := journalState{horizon: a.horizon, seen: a.seen, seenOrd: a.seenOrd, refused: a.refused, outbox: a.outbox, outOrd: a.outOrd}
+	st := journalState{horizon: a.horizon, seen: a.seen, seenOrd: a.seenOrd, refused: a.refused, began: a.began, outbox: a.outbox, outOrd: a.outOrd}
 	if err := a.jour.rewrite(st); err != nil {
 		a.logger.Error("journal compaction failed", "err", err)
 	}
@@ -266,7 +290,7 @@ func (a *Agent) openJournal() error {
 	a.opsMu.Lock()
 	a.outMu.Lock()
 	a.jour = j
-	a.horizon, a.seen, a.seenOrd, a.refused = st.horizon, st.seen, st.seenOrd, st.refused
+	a.horizon, a.seen, a.seenOrd, a.refused, a.began = st.horizon, st.seen, st.seenOrd, st.refused, st.began
 	a.outbox, a.outOrd = st.outbox, st.outOrd
 	a.outMu.Unlock()
 	a.opsMu.Unlock()
@@ -302,11 +326,13 @@ func (a *Agent) fates(q *agentpb.FateQuery) *agentpb.AgentMessage {
 			st = "running"
 		case a.refused[id]:
 			st = "never_run"
-		case !seen && !sent.IsZero() && sent.After(a.horizon.Add(fateSkew)):
-			// Sent after this process started (and after anything it had
-			// to forget): had it arrived, it would be remembered. Operations
-			// arrive only on a live link, and this query came on the link
-			// that replaced the sender's: it never will. Refuse it anyway.
+		case seen && !a.began[id], !seen && !sent.IsZero() && sent.After(a.horizon.Add(fateSkew)):
+			// Received, and its BMC action never began (refused, or the
+			// process that had it died first); or sent since this agent's
+			// memory begins and never received: had it arrived, it would be
+			// remembered. Operations arrive only on a live link, and this
+			// query came on the link that replaced the sender's: it never
+			// will. Either way it is refused from now on.
 			if _, err := a.jour.add(jrec{Op: id, At: time.Now().UnixNano(), Refused: true}, true); err != nil {
 				a.logger.Error("cannot note a refused operation in the journal", "op", id, "err", err)
 				break
@@ -348,7 +374,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	}
 	logger = logger.With("agent", cfg.ID)
 	a := &Agent{cfg: cfg, logger: logger, inflight: map[string]context.CancelFunc{}, relayKick: make(chan struct{}, 1),
-		outbox: map[string]*agentpb.AgentMessage{}, seen: map[string]time.Time{}, refused: map[string]bool{}, horizon: time.Now(), relayAck: make(chan struct{}, 1),
+		outbox: map[string]*agentpb.AgentMessage{}, seen: map[string]time.Time{}, refused: map[string]bool{}, began: map[string]bool{}, horizon: time.Now(), relayAck: make(chan struct{}, 1),
 		host: pluginhost.New(pluginhost.Config{Commands: cmds, Dir: cfg.Plugins.Dir, RestartBackoff: cfg.Plugins.RestartBackoff.D(),
 			RescanInterval: cfg.Plugins.RescanInterval.D()}, logger)}
 	if cfg.Relay.Enabled() {
@@ -793,6 +819,9 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 			// process): the caller has been told it did not happen in time.
 			a.logger.Warn("refusing an operation whose turn at the BMC came after its start-by deadline", "op", op.Id, "late_by", late)
 			return sdk.Errorf(classNotStarted, "operation reached the BMC %v after its start-by deadline; not carried out", late.Round(time.Millisecond))
+		}
+		if err := a.begin(op.Id); err != nil {
+			return err
 		}
 		t0 := time.Now()
 		defer func() { pluginTime = time.Since(t0) }()

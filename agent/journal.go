@@ -18,9 +18,10 @@ import (
 
 // journal keeps, in an append-only file of JSON lines, what the agent must
 // not forget across a restart: when its memory begins (the horizon), the
-// operations it received (before any runs), those it answered "never_run"
-// for, and the results no coordinator acknowledged yet. Records that must
-// hold before the agent acts (received, refused, result) are fsynced; an
+// operations it received (before any runs), those whose BMC action began,
+// those it answered "never_run" for, and the results no coordinator
+// acknowledged yet. Records that must hold before the agent acts
+// (received, began, refused, result) are fsynced; an
 // acknowledgement is not (a lost one only re-sends the result). The file
 // is rewritten with what is live every compactEvery records.
 type journal struct {
@@ -36,6 +37,7 @@ type jrec struct {
 	Op      string `json:"op,omitempty"`
 	At      int64  `json:"t,omitempty"`   // received (with Op)
 	Refused bool   `json:"ref,omitempty"` // answered never_run
+	Began   bool   `json:"b,omitempty"`   // its BMC action began
 	Result  []byte `json:"res,omitempty"` // the result message, protobuf
 	Ack     bool   `json:"ack,omitempty"`
 }
@@ -52,6 +54,7 @@ type journalState struct {
 	seen    map[string]time.Time
 	seenOrd []string
 	refused map[string]bool
+	began   map[string]bool
 	outbox  map[string]*agentpb.AgentMessage
 	outOrd  []string
 }
@@ -59,7 +62,7 @@ type journalState struct {
 // openJournal reads the journal at path (creating it, with the horizon
 // now, when it does not exist) and opens it for appending.
 func openJournal(path string) (*journal, journalState, error) {
-	st := journalState{horizon: time.Now(), seen: map[string]time.Time{}, refused: map[string]bool{}, outbox: map[string]*agentpb.AgentMessage{}}
+	st := journalState{horizon: time.Now(), seen: map[string]time.Time{}, refused: map[string]bool{}, began: map[string]bool{}, outbox: map[string]*agentpb.AgentMessage{}}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, st, fmt.Errorf("journal: %w", err)
 	}
@@ -108,6 +111,8 @@ func readJournal(r io.Reader, st journalState) (journalState, error) {
 			st.outbox[rec.Op] = m
 		case rec.Ack:
 			delete(st.outbox, rec.Op)
+		case rec.Began && rec.At == 0:
+			st.began[rec.Op] = true
 		case rec.Op != "":
 			if _, ok := st.seen[rec.Op]; !ok {
 				st.seenOrd = append(st.seenOrd, rec.Op)
@@ -115,6 +120,9 @@ func readJournal(r io.Reader, st journalState) (journalState, error) {
 			st.seen[rec.Op] = time.Unix(0, rec.At)
 			if rec.Refused {
 				st.refused[rec.Op] = true
+			}
+			if rec.Began {
+				st.began[rec.Op] = true
 			}
 		}
 		first = false
@@ -144,7 +152,7 @@ func (j *journal) rewrite(st journalState) error {
 	enc := json.NewEncoder(w)
 	enc.Encode(jrec{Horizon: st.horizon.UnixNano()})
 	for _, id := range st.seenOrd {
-		enc.Encode(jrec{Op: id, At: st.seen[id].UnixNano(), Refused: st.refused[id]})
+		enc.Encode(jrec{Op: id, At: st.seen[id].UnixNano(), Refused: st.refused[id], Began: st.began[id]})
 	}
 	for _, id := range st.outOrd {
 		if m, ok := st.outbox[id]; ok {

@@ -221,7 +221,8 @@ func runAgent(t *testing.T, dir, addr string, edit func(*Config)) (stop func()) 
 // result not acknowledged before the agent restarts is sent by the next
 // process, and an operation sent since the journal began that the agent
 // never received is "never_run" after the restart too; one it received
-// (and that ran, acknowledged) is "forgotten", never "never_run".
+// (and that ran, acknowledged) is "forgotten", never "never_run"; one it
+// received and refused before its BMC action began is "never_run".
 func TestAgent_JournalKeepsResultsAndMemoryAcrossRestarts(t *testing.T) {
 	dir := pki(t)
 	jpath := filepath.Join(t.TempDir(), "state", "journal")
@@ -237,7 +238,13 @@ func TestAgent_JournalKeepsResultsAndMemoryAcrossRestarts(t *testing.T) {
 	if r := l1.next(t).GetResult(); r == nil || r.Id != "op-j2" {
 		t.Fatalf("result = %v", r)
 	}
-	l1.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_ResultAck{ResultAck: &agentpb.ResultAck{Ids: []string{"op-j2"}}}})
+	late := op("op-jlate", 1, "power_on")
+	late.GetOperation().StartByUnixNano = time.Now().Add(-time.Second).UnixNano()
+	l1.Send(late)
+	if r := l1.next(t).GetResult(); r == nil || r.Id != "op-jlate" || r.ErrorClass != "not_started" {
+		t.Fatalf("result = %v", r)
+	}
+	l1.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_ResultAck{ResultAck: &agentpb.ResultAck{Ids: []string{"op-j2", "op-jlate"}}}})
 	close(l1.end)
 	l2 := l.welcome(t) // the same process reconnects; stop it there
 	stop()
@@ -252,14 +259,16 @@ func TestAgent_JournalKeepsResultsAndMemoryAcrossRestarts(t *testing.T) {
 	for time.Now().Before(ghost) {
 		time.Sleep(50 * time.Millisecond) // the coordinator's clock must have passed it
 	}
-	l3.Send(fateQuery([]string{"op-ghost", "op-j2", "op-j1"}, []time.Time{ghost, began.Add(time.Second), began.Add(time.Second)}))
+	l3.Send(fateQuery([]string{"op-ghost", "op-j2", "op-j1", "op-jlate"}, []time.Time{ghost, began.Add(time.Second), began.Add(time.Second), began}))
 	var fates []*agentpb.Fate
 	for fates == nil {
 		if f := l3.next(t).GetFateReport(); f != nil {
 			fates = f.Fates
 		}
 	}
-	want := map[string]string{"op-ghost": "never_run", "op-j2": "forgotten", "op-j1": "kept"}
+	// op-jlate was received and refused before its BMC action began: never
+	// run, though sent before the journal's horizon allows an answer.
+	want := map[string]string{"op-ghost": "never_run", "op-j2": "forgotten", "op-j1": "kept", "op-jlate": "never_run"}
 	for _, f := range fates {
 		if want[f.Id] != f.State {
 			t.Errorf("fate of %s = %s, want %s", f.Id, f.State, want[f.Id])
