@@ -140,10 +140,18 @@ func (c *Command) usage(env Env, w io.Writer) {
 	sort.Slice(subs, func(i, j int) bool { return subs[i].Name < subs[j].Name })
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, s := range subs {
-		fmt.Fprintf(tw, "  %s\t%s\n", s.Name, s.Synopsis)
+		fmt.Fprintf(tw, "  %s\t%s\n", s.Name, firstSentence(s.Synopsis))
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nRun \"%s <command> -h\" for a command's arguments and flags.\n", env.Path)
+}
+
+// firstSentence is s up to its first full stop (a listing shows only that).
+func firstSentence(s string) string {
+	if i := strings.Index(s, ". "); i >= 0 {
+		return s[:i+1]
+	}
+	return s
 }
 
 // Walk calls fn for every command of the tree under c, depth first in the

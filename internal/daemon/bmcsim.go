@@ -12,7 +12,8 @@ import (
 )
 
 func runBMCSim(ctx context.Context, env cli.Env, args []string) int {
-	fs := newFlagSet(env, "bmcsim", "bmcsim [-ipmi N] [-redfish N] [-mockup NAME] [-user U] [-o json]")
+	fs := cli.NewFlagSet(env, "[-ipmi N] [-redfish N] [-mockup NAME] [-user U] [-o json]",
+		"Runs simulated BMCs on 127.0.0.1 until interrupted and prints their addresses. By default 4 IPMI BMCs and no Redfish BMC; every BMC accepts the user -user (admin) with the password from OBMESH_BMC_PASSWORD, or \"password\" when it is unset. Redfish BMCs serve HTTPS with a certificate of their own (its SHA-256 fingerprint is printed).")
 	nIPMI := fs.Int("ipmi", 4, "how many IPMI BMCs to run on 127.0.0.1")
 	nRedfish := fs.Int("redfish", 0, "how many Redfish BMCs (HTTPS, DMTF mockup) to run on 127.0.0.1")
 	mockup := fs.String("mockup", "public-rackmount1", "DMTF mockup the Redfish BMCs serve: "+strings.Join(bmcsim.Mockups(), ", "))
