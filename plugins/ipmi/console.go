@@ -63,7 +63,7 @@ func openSOL(ctx context.Context, c *conn) (io.ReadWriteCloser, error) {
 		}
 	}
 	if err != nil {
-		return nil, classify(ctx, "open console session with "+c.t.endpoint(), err)
+		return nil, sessionError(c.t.endpoint(), classify(ctx, "open console session with "+c.t.endpoint(), err), err)
 	}
 	cli.DeactivatePayload(ctx, &transport.DeactivatePayloadRequest{PayloadType: types.PayloadTypeSOL, PayloadInstance: solInstance})
 	if _, err := cli.ActivatePayload(ctx, &transport.ActivatePayloadRequest{PayloadType: types.PayloadTypeSOL, PayloadInstance: solInstance}); err != nil {

@@ -41,7 +41,16 @@ func TestIPMI_SessionErrorsSayWhatIsWrong(t *testing.T) {
 				_, err = b.(sdk.PowerGetter).PowerState(ctxT(t, 10*time.Second))
 			}
 			if !errors.Is(err, c.class) || err.Error() != c.want {
-				t.Errorf("err = %q (%v), want %q", err, sdk.ClassOf(err), c.want)
+				t.Errorf("power: err = %q (%v), want %q", err, sdk.ClassOf(err), c.want)
+			}
+			if b != nil { // the console's own session says the same
+				con, err := b.(sdk.ConsoleOpener).OpenConsole(ctxT(t, 10*time.Second))
+				if err == nil {
+					con.Close()
+				}
+				if !errors.Is(err, c.class) || err.Error() != c.want {
+					t.Errorf("console: err = %q (%v), want %q", err, sdk.ClassOf(err), c.want)
+				}
 			}
 		})
 	}
