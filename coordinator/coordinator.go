@@ -427,7 +427,7 @@ func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler, logg
 			case r.Context().Err() != nil:
 				requestAborted(w, r)
 			default:
-				noLeader(w, r)
+				noLeader(w, r, err)
 			}
 			return
 		}
@@ -479,12 +479,12 @@ func leaderLost(w http.ResponseWriter, r *http.Request, opID string) {
 
 // noLeader answers when no leader can serve: JSON on the native API, the
 // empty 500 obmd gave for any failure on its API.
-func noLeader(w http.ResponseWriter, r *http.Request) {
+func noLeader(w http.ResponseWriter, r *http.Request, err error) {
 	if hilproxy.Owns(r) {
 		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusServiceUnavailable)
-	fmt.Fprintf(w, "{\"error\":{\"code\":%q,\"message\":%q}}\n", api.CodeNoLeader, cluster.ErrNoLeader.Error())
+	fmt.Fprintf(w, "{\"error\":{\"code\":%q,\"message\":%q}}\n", api.CodeNoLeader, err.Error())
 }

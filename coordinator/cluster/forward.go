@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -195,8 +196,24 @@ type Forwarder struct {
 // NewForwarder returns a forwarder over s.
 func NewForwarder(s *Service) *Forwarder { return &Forwarder{s: s, Wait: 5 * time.Second} }
 
-// ErrNoLeader means no leader was known within the wait.
-var ErrNoLeader = errors.New("no leader: the coordinator group has no quorum right now")
+// ErrNoLeader means no leader was known within the wait: an election is
+// running, or fewer than a quorum of members are up. A *LeaderUnreachable
+// error matches it too.
+var ErrNoLeader = errors.New("no leader: none has been elected (an election is running, or fewer than a quorum of coordinators are up)")
+
+// LeaderUnreachable means this member knows the leader but could not reach
+// it within the wait (nothing was sent): the group may well have its
+// quorum, and other members can serve. It matches ErrNoLeader.
+type LeaderUnreachable struct {
+	ID, Addr string
+}
+
+func (e *LeaderUnreachable) Error() string {
+	return fmt.Sprintf("the leader %s (%s) could not be reached from this coordinator; nothing was sent (try another coordinator)", e.ID, e.Addr)
+}
+
+// Is matches ErrNoLeader.
+func (e *LeaderUnreachable) Is(t error) bool { return t == ErrNoLeader }
 
 // ErrLeaderLost means the request reached the leader, which went away before
 // answering: it may or may not have been carried out.
@@ -250,7 +267,8 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, opID string)
 			return local, err
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
-			return false, ErrNoLeader
+			_, id := f.s.raft.Leader()
+			return false, &LeaderUnreachable{ID: id, Addr: addr}
 		}
 		select {
 		case <-ctx.Done():

@@ -41,7 +41,7 @@ var ErrNotLeader = errors.New("not the leader")
 
 // ErrNoLeader means the group has no leader right now (election running,
 // or quorum lost).
-var ErrNoLeader = errors.New("no leader: the coordinator group has no quorum right now")
+var ErrNoLeader = errors.New("no leader: none has been elected (an election is running, or fewer than a quorum of coordinators are up)")
 
 // NotLeaderError is returned by writes on a follower.
 type NotLeaderError struct {
