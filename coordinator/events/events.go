@@ -328,6 +328,9 @@ func (s *Service) Run(ctx context.Context) error {
 			start()
 		case !leader && cur != nil:
 			stop()
+			// Agents now report to the new leader: end the event
+			// streams here so their clients go there.
+			s.hub.closeAll()
 		case cur != nil:
 			select {
 			case <-cur.done: // it ended on its own (could not start): try again later
@@ -399,7 +402,8 @@ func (s *Service) trigger(node string) {
 }
 
 // Watch delivers relayed events (of node; all when empty) until cancel is
-// called. A watcher that falls behind loses events (counted in Dropped).
+// called, or until this coordinator stops leading (the channel closes). A
+// watcher that falls behind loses events (counted in Dropped).
 func (s *Service) Watch(node string, buf int) (<-chan api.Event, func()) {
 	return s.hub.watch(node, buf)
 }

@@ -25,21 +25,32 @@ func newHub() *hub { return &hub{watchers: map[*watcher]struct{}{}} }
 
 // watch registers a watcher of node (all nodes when empty) with a buffer of
 // buf events. cancel unregisters it and closes the channel; it is
-// idempotent.
+// idempotent, and a no-op after closeAll.
 func (h *hub) watch(node string, buf int) (<-chan api.Event, func()) {
 	buf = min(max(buf, 1), 4096)
 	w := &watcher{node: node, ch: make(chan api.Event, buf)}
 	h.mu.Lock()
 	h.watchers[w] = struct{}{}
 	h.mu.Unlock()
-	var once sync.Once
 	return w.ch, func() {
-		once.Do(func() {
-			h.mu.Lock()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if _, ok := h.watchers[w]; ok {
 			delete(h.watchers, w)
 			close(w.ch)
-			h.mu.Unlock()
-		})
+		}
+	}
+}
+
+// closeAll ends every watcher (their channels close): this coordinator
+// stopped leading, so no relayed event reaches it any more, and a watcher
+// left open would wait in silence instead of going to the new leader.
+func (h *hub) closeAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for w := range h.watchers {
+		delete(h.watchers, w)
+		close(w.ch)
 	}
 }
 

@@ -281,6 +281,34 @@ func TestWatch(t *testing.T) {
 	}
 }
 
+// A coordinator that stops leading gets no relayed events any more (the
+// agents report to the new leader): its watchers' streams end, so their
+// clients reconnect there instead of waiting in silence.
+func TestWatchEndsWhenLeadershipIsLost(t *testing.T) {
+	e := newEnv(t, testConfig())
+	e.start()
+	ch, cancel := e.svc.Watch("", 8)
+	defer cancel()
+	e.svc.OnRelayEvent("agent-1", &agentpb.RelayEvent{Id: "e1", Node: "n1"})
+	if ev := <-ch; ev.ID != "e1" {
+		t.Fatalf("%+v", ev)
+	}
+	e.store.leader.Store(false)
+	e.svc.LeadershipChanged()
+	select {
+	case _, ok := <-ch:
+		if ok {
+			t.Fatal("an event instead of the end of the stream")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch is still open after the leadership was lost")
+	}
+	cancel() // after closeAll: a no-op, no panic
+	if n := e.svc.hub.count(); n != 0 {
+		t.Errorf("%d watchers left", n)
+	}
+}
+
 func TestDeadLettersAndReplay(t *testing.T) {
 	e := newEnv(t, testConfig())
 	e.node("n1", "redfish")
