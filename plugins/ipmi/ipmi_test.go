@@ -3,6 +3,7 @@ package ipmi_test
 import (
 	"os"
 	"testing"
+	"time"
 
 	"github.com/obmesh/obmesh/plugins/ipmi"
 	"github.com/obmesh/obmesh/plugins/ipmi/ipmitest"
@@ -15,12 +16,20 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func simTarget(s *ipmitest.Sim) sdktest.Target {
+func simTarget(t *testing.T, s *ipmitest.Sim) sdktest.Target {
 	bad := s.Node("bad")
 	bad.Password = "wrong-Canary-pw"
+	down := s.Node("down")
+	down.Address = sdktest.ClosedPort(t)
 	return sdktest.Target{
-		Node:          s.Node("n1"),
-		BadAuth:       &bad,
+		Node:        s.Node("n1"),
+		BadAuth:     &bad,
+		Unreachable: &down,
+		Timeout:     10 * time.Second,
+		Skip: map[string]string{
+			"options":       "the ipmi driver has no ValidateOptions and ignores unknown options at Open",
+			"console-input": "ipmi_sim's SOL does not echo; tests/bmcsim's IPMI console does, and checks typed input",
+		},
 		Probe:         s,
 		BootDevices:   []sdk.BootDevice{sdk.BootPXE, sdk.BootDisk, sdk.BootCDROM, sdk.BootBIOS, sdk.BootNone},
 		ConsoleOutput: true,
@@ -31,6 +40,6 @@ func TestConformance_IPMISim(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs ipmi_sim")
 	}
-	t.Run("in-process", func(t *testing.T) { sdktest.Run(t, ipmi.New(), simTarget(ipmitest.Start(t))) })
-	t.Run("plugin-process", func(t *testing.T) { sdktest.RunProcess(t, sdktest.SelfCommand(), simTarget(ipmitest.Start(t))) })
+	t.Run("in-process", func(t *testing.T) { sdktest.Run(t, ipmi.New(), simTarget(t, ipmitest.Start(t))) })
+	t.Run("plugin-process", func(t *testing.T) { sdktest.RunProcess(t, sdktest.SelfCommand(), simTarget(t, ipmitest.Start(t))) })
 }

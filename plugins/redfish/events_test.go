@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/plugins/redfish"
 	"github.com/obmesh/obmesh/plugins/sdk"
 	"github.com/obmesh/obmesh/plugins/sdk/sdktest"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 func TestMain(m *testing.M) {
@@ -154,8 +154,12 @@ func noSecret(t *testing.T, err error) {
 func TestEvents_Conformance(t *testing.T) {
 	r := startBMC(t, bmcsim.RedfishEvents{})
 	rc := newReceiver(t)
-	tg := sdktest.Target{Node: node(r), EventDestination: rc.srv.URL + "/conformance", Timeout: 20 * time.Second,
-		BootDevices: []sdk.BootDevice{sdk.BootPXE, sdk.BootDisk}}
+	bad, down := node(r), node(r)
+	bad.Password = "wrong-Canary-pw"
+	down.Address = "https://" + sdktest.ClosedPort(t)
+	tg := sdktest.Target{Node: node(r), BadAuth: &bad, Unreachable: &down, EventDestination: rc.srv.URL + "/conformance", Timeout: 20 * time.Second,
+		BootDevices: []sdk.BootDevice{sdk.BootPXE, sdk.BootDisk},
+		Skip:        map[string]string{"ground-truth": "tests/bmcsim's TestRedfish_Conformance checks power against the simulator's state"}}
 	t.Run("in-process", func(t *testing.T) { sdktest.Run(t, redfish.New(), tg) })
 	t.Run("plugin-process", func(t *testing.T) { sdktest.RunProcess(t, sdktest.SelfCommand(), tg) })
 }
