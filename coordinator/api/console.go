@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -68,6 +70,11 @@ func (w *wsConsole) Read(p []byte) (int, error) {
 	for len(w.pending) == 0 {
 		_, msg, err := w.ws.Read(w.ctx)
 		if err != nil {
+			// The server closes with StatusInternalError, and why, when the
+			// console failed (its driver plugin died); otherwise it ended.
+			if ce := (websocket.CloseError{}); errors.As(err, &ce) && ce.Code == websocket.StatusInternalError {
+				return 0, fmt.Errorf("the console ended with an error: %s", ce.Reason)
+			}
 			return 0, io.EOF
 		}
 		w.pending = msg

@@ -611,8 +611,10 @@ func (s *Server) console(w http.ResponseWriter, r *http.Request) error {
 		}
 	}()
 	buf := make([]byte, 4096)
+	var rerr error // the console's last read: why it ended
 	for {
-		n, rerr := con.Read(buf)
+		var n int
+		n, rerr = con.Read(buf)
 		if n > 0 {
 			wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 			werr := ws.Write(wctx, websocket.MessageBinary, buf[:n])
@@ -625,7 +627,7 @@ func (s *Server) console(w http.ResponseWriter, r *http.Request) error {
 			break
 		}
 	}
-	ws.Close(websocket.StatusNormalClosure, "console ended")
+	ws.Close(consoleEnd(rerr))
 	stop()
 	<-inputDone
 	return nil
