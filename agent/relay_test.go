@@ -22,12 +22,12 @@ import (
 
 	"github.com/obmesh/obmesh/agent/relay"
 	"github.com/obmesh/obmesh/internal/agentpb"
-	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/internal/config"
 	"github.com/obmesh/obmesh/internal/logging"
 	"github.com/obmesh/obmesh/plugins/redfish"
 	"github.com/obmesh/obmesh/plugins/sdk"
 	"github.com/obmesh/obmesh/plugins/sdk/sdktest"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // redfishPluginEnv makes the test binary serve the redfish driver, so the

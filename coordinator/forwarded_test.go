@@ -15,11 +15,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/obmesh/obmesh/cmd/obmesh/daemon"
 	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/cluster"
 	"github.com/obmesh/obmesh/coordinator/cluster/clusterpb"
-	"github.com/obmesh/obmesh/internal/daemon"
 	"github.com/obmesh/obmesh/internal/logging"
 	"github.com/obmesh/obmesh/internal/tlsutil"
 )

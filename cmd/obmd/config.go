@@ -1,4 +1,4 @@
-package obmd
+package main
 
 import (
 	"encoding/json"

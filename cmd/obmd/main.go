@@ -13,10 +13,9 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/obmesh/obmesh/cmd/obmesh/daemon"
 	"github.com/obmesh/obmesh/hilproxy"
-	"github.com/obmesh/obmesh/internal/daemon"
 	"github.com/obmesh/obmesh/internal/logging"
-	"github.com/obmesh/obmesh/internal/obmd"
 	"github.com/obmesh/obmesh/plugins/sdk"
 )
 
@@ -37,12 +36,12 @@ func main() {
 		fmt.Println(hilproxy.NewToken())
 		return
 	}
-	var cfg obmd.Config
+	var cfg Config
 	var err error
 	if *configPath != "" {
-		cfg, err = obmd.LoadFile(*configPath)
+		cfg, err = LoadFile(*configPath)
 	} else {
-		cfg, err = obmd.FromEnv(os.Getenv)
+		cfg, err = FromEnv(os.Getenv)
 	}
 	if err != nil {
 		log.Fatal(err)
@@ -50,7 +49,7 @@ func main() {
 	logger, _ := logging.New(os.Stderr, os.Getenv("OBMD_LOG_LEVEL"))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := obmd.Run(ctx, cfg, obmd.Options{Logger: logger}); err != nil {
+	if err := Run(ctx, cfg, Options{Logger: logger}); err != nil {
 		stop()
 		log.Fatal(err)
 	}

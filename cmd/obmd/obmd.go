@@ -1,8 +1,10 @@
-// Package obmd runs obmesh as a drop-in replacement for obmd: one process
-// with a single-member coordinator, an agent and the driver plugins, serving
-// obmd's API (and obmesh's own) on obmd's listen address, configured the
-// ways obmd was. An existing obmd SQLite database is imported on first start.
-package obmd
+// Run (this file) runs obmesh as a drop-in replacement for obmd: one
+// process with a single-member coordinator, an agent and the driver
+// plugins, serving obmd's API (and obmesh's own) on obmd's listen address,
+// configured the ways obmd was. An existing obmd SQLite database is
+// imported on first start.
+
+package main
 
 import (
 	"context"
@@ -14,9 +16,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/obmesh/obmesh/cmd/obmesh/daemon"
 	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/hilproxy"
-	"github.com/obmesh/obmesh/internal/daemon"
 	"github.com/obmesh/obmesh/internal/obmddb"
 )
 

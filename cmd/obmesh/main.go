@@ -14,8 +14,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/obmesh/obmesh/internal/cli"
-	"github.com/obmesh/obmesh/internal/daemon"
+	"github.com/obmesh/obmesh/cmd/obmesh/cli"
+	"github.com/obmesh/obmesh/cmd/obmesh/daemon"
 )
 
 // stopGrace bounds a shutdown after the first signal.

@@ -83,8 +83,8 @@ func TestImportRules(t *testing.T) {
 			func(d string) bool {
 				return slices.Contains([]string{"net", "net/http", "os", "math/rand", "math/rand/v2", "crypto/rand"}, d) || strings.HasPrefix(d, "github.com/hashicorp/raft")
 			}, "the state machine has no network, files or randomness"},
-		{"R8 the CLI goes through the API", func(p string) bool { return under(p, "internal/cli") }, true,
-			func(d string) bool { return isModule(d) && !under(d, "coordinator/api") && !under(d, "internal/cli") },
+		{"R8 the CLI goes through the API", func(p string) bool { return under(p, "cmd/obmesh/cli") }, true,
+			func(d string) bool { return isModule(d) && !under(d, "coordinator/api") && !under(d, "cmd/obmesh/cli") },
 			"operators' commands use the public API only"},
 	}
 	pkgs := listAll(t)

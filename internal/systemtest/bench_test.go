@@ -18,10 +18,10 @@ import (
 	gfredfish "github.com/stmcginnis/gofish/redfish"
 
 	"github.com/obmesh/obmesh/coordinator/api"
-	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/plugins/ipmi/ipmitest"
 	"github.com/obmesh/obmesh/plugins/mock"
 	"github.com/obmesh/obmesh/plugins/sdk"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // latencies collects per-call durations and reports median and p99.

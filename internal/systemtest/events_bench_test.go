@@ -19,8 +19,8 @@ import (
 	"github.com/obmesh/obmesh/agent"
 	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/coordinator/api"
-	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/internal/config"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // receipts is a webhook that timestamps each event's arrival by the

@@ -26,10 +26,10 @@ import (
 	"github.com/obmesh/obmesh/coordinator/seal"
 	"github.com/obmesh/obmesh/coordinator/state"
 	"github.com/obmesh/obmesh/internal/agentpb"
-	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/internal/config"
 	"github.com/obmesh/obmesh/internal/logging"
 	"github.com/obmesh/obmesh/internal/tlsutil"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // linkLeader is the leader of a one-member group over a real state: the

@@ -29,8 +29,8 @@ import (
 	"github.com/obmesh/obmesh/agent"
 	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/coordinator/api"
-	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/internal/config"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // BMC event subscriptions (issue 9) through real processes: a coordinator

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/obmesh/obmesh/agent"
+	"github.com/obmesh/obmesh/cmd/obmesh/daemon"
 	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/coordinator/api"
-	"github.com/obmesh/obmesh/internal/daemon"
 	"github.com/obmesh/obmesh/internal/logging"
 )
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/obmesh/obmesh/coordinator/api"
-	"github.com/obmesh/obmesh/internal/bmcsim"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // TestRedfish_RealWorldThroughObmesh: a Redfish BMC that behaves like

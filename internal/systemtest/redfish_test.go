@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/obmesh/obmesh/coordinator/api"
-	"github.com/obmesh/obmesh/internal/bmcsim"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // TestRedfish_ThroughObmesh drives a simulated Redfish BMC (1 s power

@@ -4,9 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/plugins/ipmi"
 	"github.com/obmesh/obmesh/plugins/sdk"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // What SetBootDevice sets (device, persistence, EFI), BootDevice reads

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/plugins/ipmi"
 	"github.com/obmesh/obmesh/plugins/sdk"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // Errors an operator can act on: one line that says what is wrong, not

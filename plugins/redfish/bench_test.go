@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/plugins/sdk"
 	"github.com/obmesh/obmesh/plugins/sdk/sdktest"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // BenchmarkRedfishRequests counts the requests a simulated BMC receives per

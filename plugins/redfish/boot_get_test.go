@@ -3,9 +3,9 @@ package redfish_test
 import (
 	"testing"
 
-	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/plugins/redfish"
 	"github.com/obmesh/obmesh/plugins/sdk"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // What SetBootDevice sets, BootDevice reads back, in-process and through

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/obmesh/obmesh/internal/bmcsim"
 	"github.com/obmesh/obmesh/plugins/redfish"
 	"github.com/obmesh/obmesh/plugins/sdk"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // sim starts a simulated BMC serving an embedded DMTF mockup.

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/obmesh/obmesh/internal/bmcsim"
-	"github.com/obmesh/obmesh/internal/cli"
+	"github.com/obmesh/obmesh/cmd/obmesh/cli"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 func runBMCSim(ctx context.Context, env cli.Env, args []string) int {

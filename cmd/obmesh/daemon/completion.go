@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/obmesh/obmesh/internal/cli"
+	"github.com/obmesh/obmesh/cmd/obmesh/cli"
 )
 
 // completionEntry is one command of the tree as completion sees it.

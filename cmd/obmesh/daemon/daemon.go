@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/obmesh/obmesh/agent"
+	"github.com/obmesh/obmesh/cmd/obmesh/cli"
 	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/coordinator/seal"
-	"github.com/obmesh/obmesh/internal/cli"
 	"github.com/obmesh/obmesh/internal/logging"
 	"github.com/obmesh/obmesh/internal/tlsutil"
 	"github.com/obmesh/obmesh/plugins/dummy"

@@ -11,14 +11,14 @@ import (
 	"time"
 
 	"github.com/obmesh/obmesh/agent"
+	"github.com/obmesh/obmesh/cmd/obmesh/cli"
 	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/seal"
 	"github.com/obmesh/obmesh/hilproxy"
-	"github.com/obmesh/obmesh/internal/bmcsim"
-	"github.com/obmesh/obmesh/internal/cli"
 	"github.com/obmesh/obmesh/internal/config"
 	"github.com/obmesh/obmesh/internal/tlsutil"
+	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
 // DevNodes are the simulated nodes obmesh dev registers.

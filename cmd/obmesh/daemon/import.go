@@ -8,9 +8,9 @@ import (
 	"maps"
 	"time"
 
+	"github.com/obmesh/obmesh/cmd/obmesh/cli"
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/hilproxy"
-	"github.com/obmesh/obmesh/internal/cli"
 	"github.com/obmesh/obmesh/internal/obmddb"
 )
 

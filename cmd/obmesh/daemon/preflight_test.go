@@ -14,8 +14,8 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/obmesh/obmesh/agent"
+	"github.com/obmesh/obmesh/cmd/obmesh/cli"
 	"github.com/obmesh/obmesh/coordinator"
-	"github.com/obmesh/obmesh/internal/cli"
 	"github.com/obmesh/obmesh/internal/tlsutil"
 )
 

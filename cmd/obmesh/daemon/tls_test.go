@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/obmesh/obmesh/internal/cli"
+	"github.com/obmesh/obmesh/cmd/obmesh/cli"
 	"github.com/obmesh/obmesh/internal/tlsutil"
 )
 

@@ -9,7 +9,7 @@ import (
 	"io/fs"
 	"os"
 
-	"github.com/obmesh/obmesh/internal/cli"
+	"github.com/obmesh/obmesh/cmd/obmesh/cli"
 )
 
 // TokenBytes is the size of a token `obmesh token create` writes: 128

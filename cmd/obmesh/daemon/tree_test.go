@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/obmesh/obmesh/internal/cli"
+	"github.com/obmesh/obmesh/cmd/obmesh/cli"
 )
 
 // TestEveryCommand_HelpExitsZeroWithItsFullPath walks the whole command

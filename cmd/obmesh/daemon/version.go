@@ -7,8 +7,8 @@ import (
 	"runtime/debug"
 	"strings"
 
+	"github.com/obmesh/obmesh/cmd/obmesh/cli"
 	"github.com/obmesh/obmesh/coordinator"
-	"github.com/obmesh/obmesh/internal/cli"
 )
 
 // Version returns obmesh's version: the one set at link time
