@@ -9,8 +9,11 @@ token replacement gremlins makes), runs the package's own tests under
 -short, and reports which are killed, so the table can say how many of
 them the tests actually hold.
 
-usage: mutate-uncovered.py RESULT.json PKG_DIR
-Prints one line per mutant and a summary; writes RESULT.uncovered.json.
+usage: mutate-uncovered.py RESULT.json PKG_DIR [ROOT]
+ROOT is the module tree the result was computed on (default: the current
+directory); mutate.sh passes the copy it took when gremlins started, so
+edits made meanwhile do not shift the lines. Prints one line per mutant
+and a summary; writes RESULT.uncovered.json.
 """
 import json
 import os
@@ -42,8 +45,8 @@ def mutate(line, col, kind):
 
 def main():
     result, pkg = sys.argv[1], sys.argv[2].strip("./").rstrip("/")
+    root = sys.argv[3] if len(sys.argv) > 3 else os.getcwd()
     data = json.load(open(result))
-    root = os.getcwd()
     work = tempfile.mkdtemp(prefix="mutate-uncovered-")
     dst = os.path.join(work, "m")
     shutil.copytree(root, dst, ignore=shutil.ignore_patterns(".git", "bin"))

@@ -66,13 +66,21 @@ for p in "${pkgs[@]}"; do
   for e in $(excludes "$p"); do args+=(-E "$e"); done
   echo "== mutate $p"
   t0=$SECONDS
+  snap=""
+  if [ "$uncovered" = 1 ]; then
+    # The tree gremlins mutates, for the by-hand run (others may edit
+    # the checkout meanwhile).
+    snap=$(mktemp -d)
+    tar --exclude=./.git --exclude=./bin -cf - . | tar -xf - -C "$snap"
+  fi
   GOFLAGS="${GOFLAGS:-} -short" "$GREMLINS" "${args[@]}" >"$out/$name.log" 2>&1 || {
     echo "gremlins failed on $p:"; tail -20 "$out/$name.log"; status=1; continue; }
   grep -E '^(Killed|Timed out|Test efficacy|Mutator coverage)' "$out/$name.log" || true
   if [ "$uncovered" = 1 ]; then
-    python3 scripts/mutate-uncovered.py "$out/$name.json" "$p" >"$out/$name.uncovered.log" 2>&1 || {
+    python3 scripts/mutate-uncovered.py "$out/$name.json" "$p" "$snap" >"$out/$name.uncovered.log" 2>&1 || {
       echo "mutate-uncovered failed on $p:"; tail -5 "$out/$name.uncovered.log"; status=1; }
     tail -1 "$out/$name.uncovered.log"
+    rm -rf "$snap"
   fi
   echo "$((SECONDS - t0))" >"$out/$name.seconds"
 done
