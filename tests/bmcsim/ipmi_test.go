@@ -40,11 +40,13 @@ func TestIPMI_Conformance(t *testing.T) {
 	defer f.Close()
 	target := func(b *IPMI) sdktest.Target {
 		n := sdk.Node{Name: b.Name, Key: b.Name + "@1", Address: b.Addr, Username: b.User, Password: sdk.Secret(b.Password)}
-		bad := n
-		bad.Password = "wrong"
+		bad, down := n, n
+		bad.Password = "wrong-Canary-pw"
+		down.Address = sdktest.ClosedPort(t)
 		// go-ipmi's simulated chassis has no OS to act on an ACPI soft-off.
-		return sdktest.Target{Node: n, BadAuth: &bad, Probe: probe{b}, ConsoleOutput: true, SoftOffIgnored: true,
-			BootDevices: []sdk.BootDevice{sdk.BootPXE, sdk.BootDisk, sdk.BootCDROM, sdk.BootBIOS, sdk.BootNone}}
+		return sdktest.Target{Node: n, BadAuth: &bad, Unreachable: &down, Probe: probe{b}, ConsoleOutput: true, ConsoleEcho: true, SoftOffIgnored: true,
+			BootDevices: []sdk.BootDevice{sdk.BootPXE, sdk.BootDisk, sdk.BootCDROM, sdk.BootBIOS, sdk.BootNone}, Timeout: 10 * time.Second,
+			Skip: map[string]string{"options": "the ipmi driver has no ValidateOptions and ignores unknown options at Open"}}
 	}
 	t.Run("in-process", func(t *testing.T) { sdktest.Run(t, ipmi.New(), target(f.IPMI[0])) })
 	t.Run("plugin-process", func(t *testing.T) { sdktest.RunProcess(t, sdktest.SelfCommand(), target(f.IPMI[1])) })

@@ -3,6 +3,7 @@ package bmcsim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -54,12 +55,28 @@ func rfNode(r *Redfish, opts map[string]string) sdk.Node {
 	return sdk.Node{Name: "rf", Key: "rf@1", Address: r.URL, Username: "admin", Password: "s3cret", Options: o}
 }
 
-func rfTarget(r *Redfish) sdktest.Target {
+func rfTarget(t *testing.T, r *Redfish) sdktest.Target {
 	n := rfNode(r, nil)
-	bad := n
+	bad, down := n, n
 	bad.Password = "wrong-Canary"
-	return sdktest.Target{Node: n, BadAuth: &bad, Probe: rfProbe{r, r.Systems()[0]},
-		BootDevices: []sdk.BootDevice{sdk.BootPXE, sdk.BootDisk, sdk.BootCDROM, sdk.BootBIOS, sdk.BootNone}, Timeout: 20 * time.Second}
+	down.Address = "https://" + sdktest.ClosedPort(t)
+	return sdktest.Target{Node: n, BadAuth: &bad, Unreachable: &down, Probe: rfProbe{r, r.Systems()[0]},
+		BootDevices: []sdk.BootDevice{sdk.BootPXE, sdk.BootDisk, sdk.BootCDROM, sdk.BootBIOS, sdk.BootNone}, Timeout: 20 * time.Second,
+		Skip: map[string]string{"events": "plugins/redfish's TestEvents_Conformance runs the event checks"}}
+}
+
+// BootOverride makes rfProbe an sdktest.BootProbe: the system's override
+// as the BMC holds it.
+func (p rfProbe) BootOverride() (sdk.BootDevice, bool) {
+	b := p.r.Boot(p.system)
+	if b["BootSourceOverrideEnabled"] == "Disabled" {
+		return sdk.BootNone, false
+	}
+	dev := map[any]sdk.BootDevice{"Pxe": sdk.BootPXE, "Hdd": sdk.BootDisk, "Cd": sdk.BootCDROM, "BiosSetup": sdk.BootBIOS, "None": sdk.BootNone}[b["BootSourceOverrideTarget"]]
+	if dev == "" {
+		dev = sdk.BootDevice(fmt.Sprint(b["BootSourceOverrideTarget"]))
+	}
+	return dev, b["BootSourceOverrideEnabled"] == "Continuous"
 }
 
 func TestRedfish_Conformance(t *testing.T) {
@@ -71,11 +88,11 @@ func TestRedfish_Conformance(t *testing.T) {
 	}
 	for name, q := range quirks {
 		t.Run(name, func(t *testing.T) {
-			t.Run("in-process", func(t *testing.T) { sdktest.Run(t, redfish.New(), rfTarget(startRF(t, "public-rackmount1", q, 0))) })
+			t.Run("in-process", func(t *testing.T) { sdktest.Run(t, redfish.New(), rfTarget(t, startRF(t, "public-rackmount1", q, 0))) })
 			t.Run("plugin-process", func(t *testing.T) {
 				cmd := sdktest.SelfCommand()
 				cmd.Env = append(cmd.Env, "BMCSIM_TEST_PLUGIN=redfish")
-				sdktest.RunProcess(t, cmd, rfTarget(startRF(t, "public-rackmount1", q, 0)))
+				sdktest.RunProcess(t, cmd, rfTarget(t, startRF(t, "public-rackmount1", q, 0)))
 			})
 		})
 	}
