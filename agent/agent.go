@@ -20,8 +20,10 @@
 // recorded); the outbox is re-sent on every new link, so a result written
 // into a link that died silently is not lost. A FateQuery about an
 // operation is answered "kept" (its result is re-sent), "running",
-// "never_run" (never received since this agent started and within what it
-// remembers: it is refused from then on) or "forgotten".
+// "never_run" (never received since its memory begins, or received and its
+// BMC action never began: it is refused from then on), "interrupted" (its
+// BMC action began and the process running it died before a result) or
+// "forgotten".
 //
 // # The event relay
 //
@@ -101,6 +103,8 @@ type Agent struct {
 	outSend  func(*agentpb.AgentMessage) error // the current link's sender, nil between links
 	outbox   map[string]*agentpb.AgentMessage  // results not yet acknowledged, by operation id
 	outOrd   []string                          // outbox ids, oldest first
+	done     map[string]bool                   // operations with a result (recent; guarded by outMu)
+	doneOrd  []string
 	opsMu    sync.Mutex
 	inflight map[string]context.CancelFunc
 	// seen remembers the operations this process received (by id, with
@@ -148,6 +152,14 @@ func (a *Agent) deliver(m *agentpb.AgentMessage) {
 		a.outOrd = append(a.outOrd, id)
 	}
 	a.outbox[id] = m
+	if !a.done[id] {
+		a.done[id] = true
+		a.doneOrd = append(a.doneOrd, id)
+		if len(a.doneOrd) > maxSeen {
+			delete(a.done, a.doneOrd[0])
+			a.doneOrd = a.doneOrd[1:]
+		}
+	}
 	b, _ := proto.Marshal(m)
 	if compact, err := a.jour.add(jrec{Op: id, Result: b}, true); err != nil {
 		a.logger.Error("result not written to the journal; an agent restart before it is acknowledged loses it", "op", id, "err", err)
@@ -291,7 +303,7 @@ func (a *Agent) openJournal() error {
 	a.outMu.Lock()
 	a.jour = j
 	a.horizon, a.seen, a.seenOrd, a.refused, a.began = st.horizon, st.seen, st.seenOrd, st.refused, st.began
-	a.outbox, a.outOrd = st.outbox, st.outOrd
+	a.outbox, a.outOrd, a.done = st.outbox, st.outOrd, st.done
 	a.outMu.Unlock()
 	a.opsMu.Unlock()
 	a.logger.Info("journal opened", "path", a.cfg.Link.Journal, "unacknowledged_results", len(st.outbox), "operations_remembered", len(st.seen), "since", st.horizon)
@@ -308,6 +320,7 @@ func (a *Agent) fates(q *agentpb.FateQuery) *agentpb.AgentMessage {
 		}
 		a.outMu.Lock()
 		m, kept := a.outbox[id]
+		done := a.done[id]
 		send := a.outSend
 		a.outMu.Unlock()
 		if kept {
@@ -326,6 +339,10 @@ func (a *Agent) fates(q *agentpb.FateQuery) *agentpb.AgentMessage {
 			st = "running"
 		case a.refused[id]:
 			st = "never_run"
+		case seen && a.began[id] && !done:
+			// Its BMC action began and no result was ever made: the
+			// process that ran it died mid-way. Only the BMC knows.
+			st = "interrupted"
 		case seen && !a.began[id], !seen && !sent.IsZero() && sent.After(a.horizon.Add(fateSkew)):
 			// Received, and its BMC action never began (refused, or the
 			// process that had it died first); or sent since this agent's
@@ -374,7 +391,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	}
 	logger = logger.With("agent", cfg.ID)
 	a := &Agent{cfg: cfg, logger: logger, inflight: map[string]context.CancelFunc{}, relayKick: make(chan struct{}, 1),
-		outbox: map[string]*agentpb.AgentMessage{}, seen: map[string]time.Time{}, refused: map[string]bool{}, began: map[string]bool{}, horizon: time.Now(), relayAck: make(chan struct{}, 1),
+		outbox: map[string]*agentpb.AgentMessage{}, seen: map[string]time.Time{}, refused: map[string]bool{}, began: map[string]bool{}, done: map[string]bool{}, horizon: time.Now(), relayAck: make(chan struct{}, 1),
 		host: pluginhost.New(pluginhost.Config{Commands: cmds, Dir: cfg.Plugins.Dir, RestartBackoff: cfg.Plugins.RestartBackoff.D(),
 			RescanInterval: cfg.Plugins.RescanInterval.D()}, logger)}
 	if cfg.Relay.Enabled() {

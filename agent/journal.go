@@ -57,12 +57,13 @@ type journalState struct {
 	began   map[string]bool
 	outbox  map[string]*agentpb.AgentMessage
 	outOrd  []string
+	done    map[string]bool // operations that had a result
 }
 
 // openJournal reads the journal at path (creating it, with the horizon
 // now, when it does not exist) and opens it for appending.
 func openJournal(path string) (*journal, journalState, error) {
-	st := journalState{horizon: time.Now(), seen: map[string]time.Time{}, refused: map[string]bool{}, began: map[string]bool{}, outbox: map[string]*agentpb.AgentMessage{}}
+	st := journalState{horizon: time.Now(), seen: map[string]time.Time{}, refused: map[string]bool{}, began: map[string]bool{}, outbox: map[string]*agentpb.AgentMessage{}, done: map[string]bool{}}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, st, fmt.Errorf("journal: %w", err)
 	}
@@ -109,6 +110,7 @@ func readJournal(r io.Reader, st journalState) (journalState, error) {
 				st.outOrd = append(st.outOrd, rec.Op)
 			}
 			st.outbox[rec.Op] = m
+			st.done[rec.Op] = true
 		case rec.Ack:
 			delete(st.outbox, rec.Op)
 		case rec.Began && rec.At == 0:

@@ -275,3 +275,34 @@ func TestAgent_JournalKeepsResultsAndMemoryAcrossRestarts(t *testing.T) {
 		}
 	}
 }
+
+// TestAgent_InterruptedAfterACrash: a journal whose operation began its
+// BMC action and has no result (the process died mid-way) makes the next
+// process answer "interrupted" for it, and "never_run" for one received
+// that never began.
+func TestAgent_InterruptedAfterACrash(t *testing.T) {
+	dir := pki(t)
+	jpath := filepath.Join(t.TempDir(), "journal")
+	now := time.Now()
+	j, _, err := openJournal(jpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.add(jrec{Op: "op-mid", At: now.UnixNano()}, true)
+	j.add(jrec{Op: "op-mid", Began: true}, true)
+	j.add(jrec{Op: "op-queued", At: now.UnixNano()}, true)
+	j.close()
+	l, addr := startCtl(t, dir)
+	runAgent(t, dir, addr, func(c *Config) { c.Link.Journal = jpath })
+	tl := l.welcome(t)
+	tl.Send(fateQuery([]string{"op-mid", "op-queued"}, []time.Time{now, now}))
+	var fates []*agentpb.Fate
+	for fates == nil {
+		if f := tl.next(t).GetFateReport(); f != nil {
+			fates = f.Fates
+		}
+	}
+	if len(fates) != 2 || fates[0].State != "interrupted" || fates[1].State != "never_run" {
+		t.Fatalf("fates = %v, want interrupted, never_run", fates)
+	}
+}

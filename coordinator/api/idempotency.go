@@ -22,3 +22,8 @@ const KeyTTLHours = 24
 // began it). A retry runs it afresh (without an idempotency key, or with
 // a new one).
 const CodeNotStarted = "not_started"
+
+// CodeInterrupted: the agent carrying out a power on or off died during
+// the BMC action, and the node's power state read afterwards is not the
+// target (a later read found it was not done).
+const CodeInterrupted = "interrupted"

@@ -259,6 +259,7 @@ var failureCodes = map[string]struct {
 	"outcome_unknown":  {http.StatusGatewayTimeout, api.CodeOutcomeUnknown},
 	"rejected":         {http.StatusConflict, api.CodeStaleEpoch},
 	"not_started":      {http.StatusGatewayTimeout, api.CodeNotStarted},
+	"interrupted":      {http.StatusBadGateway, api.CodeInterrupted},
 }
 
 // classify is the one mapping from errors to HTTP status, code and message.

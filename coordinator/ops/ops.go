@@ -689,11 +689,16 @@ func hasResult(rec api.Receipt) bool {
 
 // RecordFates records an agent's answers about unresolved operations: one
 // it never began (and now refuses for good) fails with class
-// "not_started"; one it ran but no longer remembers is not asked about
-// again; results still kept arrive through RecordLate.
+// "not_started"; a power on or off whose agent died mid-way
+// ("interrupted") is settled by reading the node's power state (ok when it
+// is the target, failed with class "interrupted" when it is the opposite;
+// other actions stay unknown); one it ran but no longer remembers is not
+// asked about again; results still kept arrive through RecordLate.
 func (r *Runner) RecordFates(agent string, fates []*agentpb.Fate) {
 	for _, f := range fates {
 		switch f.State {
+		case "interrupted":
+			r.settleInterrupted(agent, f.Id)
 		case "forgotten":
 			r.mu.Lock()
 			if len(r.forgot) > 8192 {
@@ -720,6 +725,46 @@ func (r *Runner) RecordFates(agent string, fates []*agentpb.Fate) {
 			r.logger.Info("unresolved operation resolved: never started", "id", f.Id, "node", rec.Node, "agent", agent)
 		}
 	}
+}
+
+// settleInterrupted settles an operation whose agent died during its BMC
+// action, from the node's power state read now: only for power on and off
+// (the target state says whether it happened); a read that fails, or a
+// state in between, leaves it unknown (asked about again later).
+func (r *Runner) settleInterrupted(agent, id string) {
+	rec, ok := r.recorded(id)
+	if !ok || rec.Outcome != api.OutcomeUnknown || rec.Agent != agent || hasResult(rec) {
+		return
+	}
+	target := map[string]string{ActPowerOn: "on", ActPowerOff: "off"}[rec.Action]
+	if target == "" {
+		r.mu.Lock()
+		r.forgot[id] = agent
+		r.mu.Unlock()
+		r.logger.Warn("an operation's agent died during its BMC action; its receipt stays unknown", "id", id, "action", rec.Action, "agent", agent)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DefaultTimeout)
+	defer cancel()
+	read, err := r.Do(ctx, Request{Node: rec.Node, Action: ActPowerStatus})
+	if err != nil || (read.State != "on" && read.State != "off") {
+		r.logger.Info("interrupted operation not settled yet: the power state could not be read", "id", id, "state", read.State, "err", err)
+		return
+	}
+	rec.FinishedAt = time.Now().UTC()
+	rec.Observed = append(rec.Observed, api.Observation{State: read.State, At: read.FinishedAt})
+	rec.Detail = fmt.Sprintf("the agent carrying it out died during the BMC action; the power state read afterwards (receipt %s) is %s", read.ID, read.State)
+	if read.State == target {
+		rec.Outcome, rec.ErrorClass, rec.Error = api.OutcomeOK, "", ""
+	} else {
+		rec.Outcome, rec.ErrorClass = api.OutcomeFailed, "interrupted"
+		rec.Error = fmt.Sprintf("the agent carrying it out died during the BMC action, and the node is %s, not %s", read.State, target)
+	}
+	if err := r.recordReceipt(ctx, rec, ""); err != nil {
+		r.logger.Warn("interrupted operation not settled: not recorded", "id", id, "err", err)
+		return
+	}
+	r.logger.Info("interrupted operation settled from the power state", "id", id, "node", rec.Node, "outcome", rec.Outcome, "state", read.State)
 }
 
 // changes reports whether an action changes something (and so is

@@ -326,3 +326,34 @@ func TestReceipts_FatesResolveUnknown(t *testing.T) {
 		t.Errorf("asked again: %v", d.asked)
 	}
 }
+
+// TestReceipts_InterruptedSettledFromThePowerState: an operation whose
+// agent died during its BMC action is settled by reading the power state,
+// for power on and off only.
+func TestReceipts_InterruptedSettledFromThePowerState(t *testing.T) {
+	st := newStateStore(t)
+	d := &recDispatcher{answer: unknownResult}
+	r := New(Config{}, st, nil, d, epoch1{}, st, logging.Discard())
+	on, _ := r.Do(context.Background(), Request{Node: "n1", Action: ActPowerOn})
+	off, _ := r.Do(context.Background(), Request{Node: "n1", Action: ActPowerOff})
+	reset, _ := r.Do(context.Background(), Request{Node: "n1", Action: ActPowerReset})
+	d.answer = func(op *agentpb.Operation) (agentsvc.Result, error) {
+		if op.Action != ActPowerStatus {
+			t.Errorf("settling ran %s", op.Action)
+		}
+		return agentsvc.Result{OperationResult: &agentpb.OperationResult{Id: op.Id, Ok: true, PowerState: "on"}, Agent: "a1"}, nil
+	}
+	r.RecordFates("a1", []*agentpb.Fate{{Id: on.ID, State: "interrupted"}, {Id: off.ID, State: "interrupted"}, {Id: reset.ID, State: "interrupted"}})
+	if got, _ := r.Receipt(on.ID); got.Outcome != api.OutcomeOK || len(got.Observed) != 1 {
+		t.Errorf("interrupted power on, node on: %+v", got)
+	}
+	if got, _ := r.Receipt(off.ID); got.Outcome != api.OutcomeFailed || got.ErrorClass != "interrupted" {
+		t.Errorf("interrupted power off, node on: %+v", got)
+	}
+	if got, _ := r.Receipt(reset.ID); got.Outcome != api.OutcomeUnknown {
+		t.Errorf("interrupted reset: %+v, want unknown", got)
+	}
+	if sent, _ := d.count(); sent != 5 {
+		t.Errorf("operations sent = %d, want 3 + 2 power reads", sent)
+	}
+}

@@ -1291,8 +1291,10 @@ type Fate struct {
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// state: "running" (its result will follow), "kept" (its result was
 	// re-sent), "never_run" (the agent never began it and now refuses it
-	// for good), "forgotten" (it ran and its result was acknowledged, or it
-	// is older than what the agent remembers).
+	// for good), "interrupted" (its BMC action began and the agent process
+	// died before it had a result: only the BMC knows), "forgotten" (it ran
+	// and its result was acknowledged, or it is older than what the agent
+	// remembers).
 	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
