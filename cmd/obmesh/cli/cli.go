@@ -112,12 +112,19 @@ func (c *Command) Execute(ctx context.Context, env Env, args []string) int {
 				return s.Execute(ctx, env, args[1:])
 			}
 		}
+		if c.Run != nil {
+			// A group that runs too (agent -config F, agent list) answers
+			// help with its own flags and names its commands.
+			if isHelp(args[0]) {
+				code := c.Run(ctx, env, []string{"-h"})
+				c.usage(env, env.Stderr)
+				return code
+			}
+			return c.Run(ctx, env, args)
+		}
 		if isHelp(args[0]) {
 			c.usage(env, env.Stdout)
 			return 0
-		}
-		if c.Run != nil {
-			return c.Run(ctx, env, args)
 		}
 		fmt.Fprintf(env.Stderr, "%s: usage: unknown command %q\n\n", env.Path, args[0])
 		c.usage(env, env.Stderr)
