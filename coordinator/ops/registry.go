@@ -235,16 +235,29 @@ func (d *Door) checkDriverAndSite(driver, site string) ([]string, error) {
 	agents := d.State.Agents()
 	var have []string
 	hasDriver, siteServed, siteHasDriver := false, false, false
-	for _, a := range agents {
-		serves := slices.Contains(a.Sites, site)
+	note := func(sites []string, name string) {
+		serves := slices.Contains(sites, site)
 		siteServed = siteServed || serves
+		if !slices.Contains(have, name) {
+			have = append(have, name)
+		}
+		if name == driver {
+			hasDriver = true
+			siteHasDriver = siteHasDriver || serves
+		}
+	}
+	for _, a := range agents {
+		siteServed = siteServed || slices.Contains(a.Sites, site)
 		for _, dr := range a.Drivers {
-			if !slices.Contains(have, dr.Name) {
-				have = append(have, dr.Name)
-			}
-			if dr.Name == driver {
-				hasDriver = true
-				siteHasDriver = siteHasDriver || serves
+			note(a.Sites, dr.Name)
+		}
+	}
+	if d.Connected != nil {
+		// Drivers a connected agent announced since it registered (a
+		// plugin added while it runs), running or not.
+		for _, a := range d.Connected() {
+			for _, dh := range a.DriverHealth {
+				note(a.Sites, dh.Name)
 			}
 		}
 	}
@@ -279,6 +292,31 @@ func (d *Door) connected(site, driver string) bool {
 	return false
 }
 
+// driverTrouble says why connected agents of site that have driver do not
+// offer it (its plugin failing to start, with the agent's reason); "" if
+// none has it.
+func (d *Door) driverTrouble(site, driver string) string {
+	if d.Connected == nil {
+		return ""
+	}
+	var why []string
+	for _, a := range d.Connected() {
+		if !slices.Contains(a.Sites, site) {
+			continue
+		}
+		for _, dh := range a.DriverHealth {
+			if dh.Name == driver && !dh.Offered {
+				w := fmt.Sprintf("agent %s has driver %s but it is %s", a.ID, driver, dh.Health)
+				if dh.Detail != "" {
+					w += ": " + dh.Detail
+				}
+				why = append(why, w)
+			}
+		}
+	}
+	return strings.Join(why, "; ")
+}
+
 // probe runs one action on an agent of n's site for a node that is not
 // (or not yet so) registered. Nothing is recorded.
 func (d *Door) probe(ctx context.Context, n state.Node, password, action string) (agentsvc.Result, error) {
@@ -301,7 +339,11 @@ func (d *Door) checkOptions(ctx context.Context, n state.Node, password string) 
 		return nil, nil
 	}
 	if !d.connected(n.Site, n.Driver) {
-		return []string{fmt.Sprintf("options not checked: no agent of site %q with driver %q is connected", n.Site, n.Driver)}, nil
+		msg := fmt.Sprintf("options not checked: no agent of site %q with driver %q is connected", n.Site, n.Driver)
+		if why := d.driverTrouble(n.Site, n.Driver); why != "" {
+			msg = fmt.Sprintf("options not checked, and operations on the node fail until the driver runs: %s", why)
+		}
+		return []string{msg}, nil
 	}
 	res, err := d.probe(ctx, n, password, ActValidateOptions)
 	switch {
