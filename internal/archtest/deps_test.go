@@ -86,6 +86,12 @@ func TestImportRules(t *testing.T) {
 		{"R8 the CLI goes through the API", func(p string) bool { return under(p, "cmd/obmesh/cli") }, true,
 			func(d string) bool { return isModule(d) && !under(d, "coordinator/api") && !under(d, "cmd/obmesh/cli") },
 			"operators' commands use the public API only"},
+		{"R9 internal is the ground floor", func(p string) bool { return under(p, "internal") }, true,
+			func(d string) bool { return isModule(d) && !under(d, "internal") },
+			"everything may import internal/, so it imports nothing above it: commands live under cmd/, simulators and system tests under tests/"},
+		{"R10 nothing below imports the top floor", func(p string) bool { return !under(p, "cmd") && !under(p, "tests") }, true,
+			func(d string) bool { return under(d, "cmd") || under(d, "tests") },
+			"cmd/ (the commands) and tests/ (simulators, system tests) sit on top: coordinator, agent, plugins, hilproxy and internal never import them"},
 	}
 	pkgs := listAll(t)
 	for _, r := range rules {
