@@ -20,7 +20,9 @@
 // Retries are safe: a request naming an operation id that is already
 // recorded (a forwarding member retrying after a leader loss) or carrying
 // an idempotency key an operation holds gets that operation's receipt,
-// waiting for it while it runs, and never runs again.
+// waiting for it while it runs, and never runs again; except that a keyed
+// operation that never started (class "not_started") runs when retried
+// with its key.
 package ops
 
 import (
@@ -237,7 +239,13 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 	key := r.scopedKey(req)
 	if key != "" {
 		if id, ok := r.keyHolder(key); ok {
-			return r.replay(ctx, id, req)
+			rec, cs, err := r.replay(ctx, id, req)
+			if !neverStarted(rec) {
+				return rec, cs, err
+			}
+			// The keyed operation never started (nothing happened at the
+			// BMC): this retry runs it, under the same key.
+			r.logger.Info("operation repeated after it never started: running it now", "previous", id, "node", req.Node, "action", req.Action)
 		}
 	}
 	start := time.Now()
@@ -329,7 +337,11 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 			// retry, and never runs.
 			if hid, ok := r.keyHolder(key); ok {
 				r.unreserve(id)
-				return r.replay(ctx, hid, req)
+				rec, cs, err := r.replay(ctx, hid, req)
+				if neverStarted(rec) {
+					err = &Failure{Class: "not_started", Message: "a concurrent request with the same idempotency key did not start; retry"}
+				}
+				return rec, cs, err
 			}
 		}
 		class := "no_leader"
@@ -461,6 +473,12 @@ func (r *Runner) replay(ctx context.Context, id string, req Request) (api.Receip
 		case <-time.After(25 * time.Millisecond):
 		}
 	}
+}
+
+// neverStarted reports whether a receipt says its operation never started
+// (nothing happened at the BMC).
+func neverStarted(rec api.Receipt) bool {
+	return rec.Outcome == api.OutcomeFailed && rec.ErrorClass == "not_started"
 }
 
 // settled reports whether t fired.

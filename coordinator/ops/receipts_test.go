@@ -357,3 +357,27 @@ func TestReceipts_InterruptedSettledFromThePowerState(t *testing.T) {
 		t.Errorf("operations sent = %d, want 3 + 2 power reads", sent)
 	}
 }
+
+// TestReceipts_KeyOfANotStartedOperationRunsOnRetry: a keyed operation
+// resolved as never started (its agent said so) runs when retried with
+// the key; one that ran is never run again.
+func TestReceipts_KeyOfANotStartedOperationRunsOnRetry(t *testing.T) {
+	st := newStateStore(t)
+	d := &recDispatcher{answer: unknownResult}
+	r := New(Config{ReplayWait: 10 * time.Millisecond}, st, nil, d, epoch1{}, st, logging.Discard())
+	req := Request{Node: "n1", Action: ActPowerOn, IdempotencyKey: "k", Caller: "admin"}
+	first, _ := r.Do(context.Background(), req)
+	r.RecordFates("a1", []*agentpb.Fate{{Id: first.ID, State: "never_run"}})
+	d.answer = okResult
+	again, err := r.Do(context.Background(), req)
+	if err != nil || again.ID == first.ID || again.Outcome != api.OutcomeOK {
+		t.Fatalf("retry of a never-started keyed operation = %+v, %v; want a new ok operation", again, err)
+	}
+	third, err := r.Do(context.Background(), req)
+	if err != nil || third.ID != again.ID {
+		t.Fatalf("retry after it ran = %+v, %v; want %s's receipt", third, err, again.ID)
+	}
+	if sent, _ := d.count(); sent != 2 {
+		t.Errorf("operations sent = %d, want 2", sent)
+	}
+}

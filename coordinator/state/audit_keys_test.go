@@ -68,6 +68,16 @@ func TestAudit_IdempotencyKeys(t *testing.T) {
 	if id, _, _ := s.AuditKey("k"); id != "op-3" {
 		t.Fatalf("expired key holder = %s, want op-3", id)
 	}
+	// An operation that never started gives its key up to a retry.
+	mustApply(t, s, 5, RecordOperation{ID: "op-3", Receipt: json.RawMessage(`{"outcome":"failed","error_class":"not_started"}`), StampUnixNano: t0 + int64(KeyTTL) + 1})
+	mustApply(t, s, 6, RecordOperation{ID: "op-4", Receipt: rec, Key: "k", StampUnixNano: t0 + int64(KeyTTL) + 2})
+	if id, _, _ := s.AuditKey("k"); id != "op-4" {
+		t.Fatalf("key of a not-started operation: holder %s, want op-4", id)
+	}
+	res, _ = s.Apply(7, encode(t, RecordOperation{ID: "op-5", Receipt: rec, Key: "k", StampUnixNano: t0 + int64(KeyTTL) + 3}))
+	if !errors.Is(res.Err, ErrExists) {
+		t.Fatalf("key held by a running operation taken: %v", res.Err)
+	}
 	// Evicted with its receipt.
 	for i := range AuditLimit {
 		mustApply(t, s, uint64(10+i), RecordOperation{ID: fmt.Sprintf("op-x%d", i), Receipt: rec})

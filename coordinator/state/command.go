@@ -81,7 +81,9 @@ type RestoreState struct {
 // "unknown"). Key, if set, is the operation's scoped idempotency key: it
 // is taken atomically, and a RecordOperation naming a key another
 // operation holds fails with ErrExists unless that key's stamp is older
-// than KeyTTL at StampUnixNano. The key lives as long as its receipt stays
+// than KeyTTL at StampUnixNano, or that operation never started (its
+// receipt failed with class "not_started": nothing happened, so a retry
+// may run it). The key lives as long as its receipt stays
 // in the trail.
 type RecordOperation struct {
 	ID            string          `json:"id"`
@@ -305,7 +307,7 @@ func (s *State) applyCore(index uint64, c Command) (res Result, fatal error) {
 			return Result{}, nil // never undo a recorded outcome
 		}
 		if c.Key != "" {
-			if k, ok := s.keys[c.Key]; ok && k.id != c.ID && c.StampUnixNano-k.stamp < int64(KeyTTL) {
+			if k, ok := s.keys[c.Key]; ok && k.id != c.ID && c.StampUnixNano-k.stamp < int64(KeyTTL) && !notStarted(s.audit[k.id]) {
 				return Result{Err: fmt.Errorf("idempotency key held by operation %s: %w", k.id, ErrExists)}, nil
 			}
 		}

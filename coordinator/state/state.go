@@ -189,6 +189,17 @@ func (s *State) AuditUnknown() []string {
 	return out
 }
 
+// notStarted reports whether a recorded receipt says its operation never
+// started (failed, class "not_started").
+func notStarted(r json.RawMessage) bool {
+	var v struct {
+		Outcome string `json:"outcome"`
+		Class   string `json:"error_class"`
+	}
+	json.Unmarshal(r, &v)
+	return v.Outcome == "failed" && v.Class == "not_started"
+}
+
 // receiptOutcome is a recorded receipt's "outcome" field ("" if none).
 func receiptOutcome(r json.RawMessage) string {
 	var v struct {
