@@ -27,20 +27,33 @@ func docFiles(t *testing.T) []string {
 }
 
 var (
-	fence      = regexp.MustCompile("(?s)```[^\n]*\n(.*?)```")
+	fence      = regexp.MustCompile("(?s)```([^\n]*)\n(.*?)```")
 	inlineCode = regexp.MustCompile("`([^`\n]+)`")
-	// A command: "obmesh" at the start of a word (or after a path), then
-	// words of lower-case letters, digits and dashes; "a|b" lists
-	// alternatives.
-	commandRE = regexp.MustCompile(`(?:^|[\s/(;&|])obmesh((?:[ \t]+[a-z][a-z0-9-]*(?:\\?\|[a-z][a-z0-9-]*)*)+)`)
+	// A command: "obmesh" at the start of a word (or after a bin/
+	// directory), then words of lower-case letters, digits and dashes;
+	// "a|b" lists alternatives.
+	commandRE = regexp.MustCompile(`(?:^|[\s(;&|]|bin/)obmesh((?:[ \t]+[a-z][a-z0-9-]*(?:\\?\|[a-z][a-z0-9-]*)*)+)`)
 )
 
-// docCommands returns every obmesh command named in code (fenced blocks
+// shellFence reports whether a fenced block's info string names shell
+// commands (or nothing): Go, TOML or JSON blocks hold no commands.
+func shellFence(info string) bool {
+	lang, _, _ := strings.Cut(strings.TrimSpace(info), " ")
+	switch lang {
+	case "", "sh", "shell", "bash", "console", "text":
+		return true
+	}
+	return false
+}
+
+// docCommands returns every obmesh command named in code (shell blocks
 // and inline code) in text, as word lists, alternatives expanded.
 func docCommands(text string) [][]string {
 	var code []string
 	for _, m := range fence.FindAllStringSubmatch(text, -1) {
-		code = append(code, m[1])
+		if shellFence(m[1]) {
+			code = append(code, m[2])
+		}
 	}
 	rest := fence.ReplaceAllString(text, "")
 	for _, m := range inlineCode.FindAllStringSubmatch(rest, -1) {
@@ -70,7 +83,8 @@ func docCommands(text string) [][]string {
 }
 
 func TestDocCommands_Parse(t *testing.T) {
-	got := docCommands("Run `obmesh node list | show NAME`, then:\n```sh\n./bin/obmesh power on\\|off NODE -timeout 5s\nsudo obmesh operator raft list-peers|add-peer ID\n```\nnot obmesh-plugin-x nor `obmesh.toml`")
+	got := docCommands("Run `obmesh node list | show NAME`, then:\n```sh\n./bin/obmesh power on\\|off NODE -timeout 5s\nsudo obmesh operator raft list-peers|add-peer ID\n```\n" +
+		"```go\n// an obmesh driver plugin for\n```\n```\nrequire github.com/obmesh/obmesh v0.0.0\n```\nnot obmesh-plugin-x nor `obmesh.toml`")
 	want := [][]string{{"power", "on"}, {"power", "off"}, {"operator", "raft", "list-peers"}, {"operator", "raft", "add-peer"}, {"node", "list"}}
 	if len(got) != len(want) {
 		t.Fatalf("got %q, want %q", got, want)
