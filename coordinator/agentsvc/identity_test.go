@@ -3,6 +3,7 @@ package agentsvc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -122,5 +123,46 @@ func TestDispatch_LeastLoadedAgent(t *testing.T) {
 	a2.result("op-4")
 	for _, ch := range []chan out{first, hold1, hold2} {
 		wait(ch)
+	}
+}
+
+// Among equally loaded agents the lowest id is chosen, every time (not by
+// map order).
+func TestDispatch_TieGoesToTheLowestID(t *testing.T) {
+	l := newLink(t, Config{Heartbeat: 100 * time.Millisecond, AgentWait: time.Second})
+	var agents []*fakeAgent
+	for _, id := range []string{"agent-c", "agent-a", "agent-b"} {
+		a, err := l.dial(l.agentCert(id, "s1"), id, "s1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents = append(agents, a)
+		go func() {
+			for o := range a.ops {
+				a.result(o.Id)
+			}
+		}()
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	for i := range 12 {
+		res, err := l.svc.Dispatch(ctx, "s1", "mock", opAt(fmt.Sprintf("op-%d", i), "s1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Agent != "agent-a" {
+			t.Fatalf("dispatch %d with every agent idle went to %s, want agent-a", i, res.Agent)
+		}
+	}
+}
+
+// Acknowledging results to an agent that is not connected (it will re-send
+// them) or acknowledging nothing is a no-op.
+func TestAck_NotConnected(t *testing.T) {
+	l := newLink(t, Config{Heartbeat: 100 * time.Millisecond, AgentWait: time.Second})
+	l.svc.Ack("nobody", "op-1")
+	l.svc.Ack("nobody")
+	if err := l.svc.QueryFate("nobody", []string{"op-1"}, []time.Time{time.Now()}); !errors.Is(err, ErrNoAgent) {
+		t.Fatalf("QueryFate to a disconnected agent = %v, want ErrNoAgent", err)
 	}
 }
