@@ -364,13 +364,14 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		rec.State, rec.RawState, rec.Identity = res.PowerState, res.RawState, res.Identity
 		rec.Boot = bootSetting(res.GetBoot())
 		rec.Detail, rec.Observed = powerReport(res.OperationResult)
-		if res.Ok {
+		switch {
+		case res.Ok:
 			outcome = api.OutcomeOK
-		} else {
+		case ambiguous(req.Action, res.ErrorClass):
+			outcome = api.OutcomeUnknown
+			f = &Failure{Class: "outcome_unknown", Message: ambiguousMessage(res.OperationResult) + "; look the operation up by its receipt id " + rec.ID}
+		default:
 			f = &Failure{Class: res.ErrorClass, Message: res.ErrorMessage}
-			if res.ErrorClass == "outcome_unknown" { // the driver sent it but did not see it happen
-				outcome = api.OutcomeUnknown
-			}
 		}
 	}
 	rec, err = finish(outcome, f)
@@ -385,6 +386,14 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		if got, ok := r.recorded(rec.ID); ok && got.Outcome != api.OutcomeUnknown {
 			r.remember(got)
 			return got, cs, failureOf(got)
+		}
+		// A power on or off the driver could not confirm: the power state
+		// read now settles it.
+		if hasResult(rec) {
+			if got, ok := r.settleByState(rec, "the driver could not confirm it"); ok {
+				r.remember(got)
+				return got, cs, failureOf(got)
+			}
 		}
 	}
 	return rec, cs, err
@@ -630,11 +639,12 @@ func (r *Runner) RecordLate(agent string, res *agentpb.OperationResult) {
 	rec.Outcome, rec.ErrorClass, rec.Error = api.OutcomeOK, "", ""
 	rec.State, rec.RawState, rec.Identity = res.PowerState, res.RawState, res.Identity
 	rec.Detail, rec.Observed = powerReport(res)
-	if !res.Ok {
+	switch {
+	case res.Ok:
+	case ambiguous(rec.Action, res.ErrorClass):
+		rec.Outcome, rec.ErrorClass, rec.Error = api.OutcomeUnknown, "outcome_unknown", ambiguousMessage(res)
+	default:
 		rec.Outcome, rec.ErrorClass, rec.Error = api.OutcomeFailed, res.ErrorClass, res.ErrorMessage
-		if res.ErrorClass == "outcome_unknown" {
-			rec.Outcome = api.OutcomeUnknown
-		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -643,6 +653,11 @@ func (r *Runner) RecordLate(agent string, res *agentpb.OperationResult) {
 		return
 	}
 	r.ack(agentsvc.Result{OperationResult: res, Agent: agent})
+	if rec.Outcome == api.OutcomeUnknown {
+		if got, ok := r.settleByState(rec, "the driver could not confirm it"); ok {
+			rec = got
+		}
+	}
 	r.mu.Lock()
 	if _, ok := r.recent[rec.ID]; ok {
 		r.recent[rec.ID] = rec // this coordinator ran it: its remembered receipt is stale
@@ -668,13 +683,30 @@ func (r *Runner) ResolveUnknown(agent string) {
 		sent []time.Time
 	}
 	byAgent := map[string]*q{}
+	settles := 0
 	for _, id := range k.AuditUnknown() {
 		rec, ok := r.recorded(id)
 		r.mu.Lock()
 		_, running := r.reserved[id]
 		skip := running || r.forgot[id] != ""
 		r.mu.Unlock()
-		if !ok || skip || rec.Agent == "" || (agent != "" && rec.Agent != agent) || hasResult(rec) {
+		if !ok || skip || rec.Agent == "" || (agent != "" && rec.Agent != agent) {
+			continue
+		}
+		if hasResult(rec) {
+			// The driver could not confirm it: a power on or off is
+			// settled from the power state, while nothing changed the node
+			// since (a few per sweep, recent ones only).
+			if agent == "" && powerTarget(rec.Action) != "" && settles < 16 && time.Since(rec.StartedAt) < 10*time.Minute {
+				settles++
+				if r.laterChange(rec) {
+					r.mu.Lock()
+					r.forgot[id] = rec.Agent
+					r.mu.Unlock()
+				} else {
+					r.settleByState(rec, "the driver could not confirm it")
+				}
+			}
 			continue
 		}
 		x := byAgent[rec.Agent]
@@ -746,43 +778,102 @@ func (r *Runner) RecordFates(agent string, fates []*agentpb.Fate) {
 }
 
 // settleInterrupted settles an operation whose agent died during its BMC
-// action, from the node's power state read now: only for power on and off
-// (the target state says whether it happened); a read that fails, or a
-// state in between, leaves it unknown (asked about again later).
+// action from the power state (settleByState); other actions stay
+// unknown and are not asked about again.
 func (r *Runner) settleInterrupted(agent, id string) {
 	rec, ok := r.recorded(id)
 	if !ok || rec.Outcome != api.OutcomeUnknown || rec.Agent != agent || hasResult(rec) {
 		return
 	}
-	target := map[string]string{ActPowerOn: "on", ActPowerOff: "off"}[rec.Action]
-	if target == "" {
+	if _, ok := r.settleByState(rec, "the agent carrying it out died during the BMC action"); !ok && powerTarget(rec.Action) == "" {
 		r.mu.Lock()
 		r.forgot[id] = agent
 		r.mu.Unlock()
 		r.logger.Warn("an operation's agent died during its BMC action; its receipt stays unknown", "id", id, "action", rec.Action, "agent", agent)
-		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DefaultTimeout)
+}
+
+// powerTarget is the power state a power on or off leaves ("" for other
+// actions).
+func powerTarget(action string) string {
+	return map[string]string{ActPowerOn: "on", ActPowerOff: "off"}[action]
+}
+
+// ambiguous reports whether a failed result of action leaves open whether
+// the BMC carried it out: a change that timed out, lost its plugin, or
+// that the driver itself could not confirm.
+func ambiguous(action, class string) bool {
+	return changes(action) && (class == "timeout" || class == "plugin" || class == "outcome_unknown")
+}
+
+func ambiguousMessage(res *agentpb.OperationResult) string {
+	if res.GetErrorClass() == "outcome_unknown" {
+		return res.GetErrorMessage()
+	}
+	return fmt.Sprintf("the operation may or may not have been carried out (%s: %s)", res.GetErrorClass(), res.GetErrorMessage())
+}
+
+// laterChange reports whether an operation that changes something on the
+// same node was recorded after rec (its power state then says nothing of
+// rec).
+func (r *Runner) laterChange(rec api.Receipt) bool {
+	tr, ok := r.nodes.(interface{ AuditTrail() []state.AuditEntry })
+	if !ok {
+		return true
+	}
+	after := false
+	for _, e := range tr.AuditTrail() {
+		if e.ID == rec.ID {
+			after = true
+			continue
+		}
+		if !after {
+			continue
+		}
+		var o struct{ Node, Action string }
+		if json.Unmarshal(e.Receipt, &o) == nil && o.Node == rec.Node && changes(o.Action) {
+			return true
+		}
+	}
+	return !after
+}
+
+// settleByState settles an unknown power on or off from the node's power
+// state read now: ok when it is the target, failed (class "interrupted")
+// when it is the other one. It does not when another change of the node
+// was recorded after it (before or during the read), when the read fails
+// or finds a state in between, or for other actions.
+func (r *Runner) settleByState(rec api.Receipt, why string) (api.Receipt, bool) {
+	target := powerTarget(rec.Action)
+	if target == "" || r.laterChange(rec) {
+		return rec, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ReplayWait)
 	defer cancel()
 	read, err := r.Do(ctx, Request{Node: rec.Node, Action: ActPowerStatus})
-	if err != nil || (read.State != "on" && read.State != "off") {
-		r.logger.Info("interrupted operation not settled yet: the power state could not be read", "id", id, "state", read.State, "err", err)
-		return
+	if err != nil || (read.State != "on" && read.State != "off") || r.laterChange(rec) {
+		r.logger.Info("unknown operation not settled: no usable power state", "id", rec.ID, "state", read.State, "err", err)
+		return rec, false
 	}
 	rec.FinishedAt = time.Now().UTC()
 	rec.Observed = append(rec.Observed, api.Observation{State: read.State, At: read.FinishedAt})
-	rec.Detail = fmt.Sprintf("the agent carrying it out died during the BMC action; the power state read afterwards (receipt %s) is %s", read.ID, read.State)
+	note := fmt.Sprintf("%s; the power state read afterwards (receipt %s) is %s", why, read.ID, read.State)
+	if rec.Detail != "" {
+		note = rec.Detail + "; " + note
+	}
+	rec.Detail = note
 	if read.State == target {
 		rec.Outcome, rec.ErrorClass, rec.Error = api.OutcomeOK, "", ""
 	} else {
 		rec.Outcome, rec.ErrorClass = api.OutcomeFailed, "interrupted"
-		rec.Error = fmt.Sprintf("the agent carrying it out died during the BMC action, and the node is %s, not %s", read.State, target)
+		rec.Error = fmt.Sprintf("%s, and the node is %s, not %s", why, read.State, target)
 	}
 	if err := r.recordReceipt(ctx, rec, ""); err != nil {
-		r.logger.Warn("interrupted operation not settled: not recorded", "id", id, "err", err)
-		return
+		r.logger.Warn("unknown operation not settled: not recorded", "id", rec.ID, "err", err)
+		return rec, false
 	}
-	r.logger.Info("interrupted operation settled from the power state", "id", id, "node", rec.Node, "outcome", rec.Outcome, "state", read.State)
+	r.logger.Info("unknown operation settled from the power state", "id", rec.ID, "node", rec.Node, "outcome", rec.Outcome, "state", read.State)
+	return rec, true
 }
 
 // changes reports whether an action changes something (and so is

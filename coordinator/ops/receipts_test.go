@@ -327,23 +327,36 @@ func TestReceipts_FatesResolveUnknown(t *testing.T) {
 	}
 }
 
+func addNodes(t *testing.T, st *stateStore, names ...string) {
+	for _, n := range names {
+		if _, err := st.Apply(context.Background(), state.RegisterNode{Node: state.Node{Name: n, Driver: "mock", Site: "default"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestReceipts_InterruptedSettledFromThePowerState: an operation whose
 // agent died during its BMC action is settled by reading the power state,
-// for power on and off only.
+// for power on and off only, and only while no later change of the node
+// was recorded.
 func TestReceipts_InterruptedSettledFromThePowerState(t *testing.T) {
 	st := newStateStore(t)
+	addNodes(t, st, "n2", "n3", "n4")
 	d := &recDispatcher{answer: unknownResult}
 	r := New(Config{}, st, nil, d, epoch1{}, st, logging.Discard())
 	on, _ := r.Do(context.Background(), Request{Node: "n1", Action: ActPowerOn})
-	off, _ := r.Do(context.Background(), Request{Node: "n1", Action: ActPowerOff})
-	reset, _ := r.Do(context.Background(), Request{Node: "n1", Action: ActPowerReset})
+	off, _ := r.Do(context.Background(), Request{Node: "n2", Action: ActPowerOff})
+	reset, _ := r.Do(context.Background(), Request{Node: "n3", Action: ActPowerReset})
+	stale, _ := r.Do(context.Background(), Request{Node: "n4", Action: ActPowerOn})
+	r.Do(context.Background(), Request{Node: "n4", Action: ActPowerOff}) // a later change of n4
 	d.answer = func(op *agentpb.Operation) (agentsvc.Result, error) {
 		if op.Action != ActPowerStatus {
 			t.Errorf("settling ran %s", op.Action)
 		}
 		return agentsvc.Result{OperationResult: &agentpb.OperationResult{Id: op.Id, Ok: true, PowerState: "on"}, Agent: "a1"}, nil
 	}
-	r.RecordFates("a1", []*agentpb.Fate{{Id: on.ID, State: "interrupted"}, {Id: off.ID, State: "interrupted"}, {Id: reset.ID, State: "interrupted"}})
+	r.RecordFates("a1", []*agentpb.Fate{{Id: on.ID, State: "interrupted"}, {Id: off.ID, State: "interrupted"},
+		{Id: reset.ID, State: "interrupted"}, {Id: stale.ID, State: "interrupted"}})
 	if got, _ := r.Receipt(on.ID); got.Outcome != api.OutcomeOK || len(got.Observed) != 1 {
 		t.Errorf("interrupted power on, node on: %+v", got)
 	}
@@ -353,8 +366,42 @@ func TestReceipts_InterruptedSettledFromThePowerState(t *testing.T) {
 	if got, _ := r.Receipt(reset.ID); got.Outcome != api.OutcomeUnknown {
 		t.Errorf("interrupted reset: %+v, want unknown", got)
 	}
-	if sent, _ := d.count(); sent != 5 {
-		t.Errorf("operations sent = %d, want 3 + 2 power reads", sent)
+	if got, _ := r.Receipt(stale.ID); got.Outcome != api.OutcomeUnknown {
+		t.Errorf("interrupted power on followed by another change: %+v, want unknown", got)
+	}
+	if sent, _ := d.count(); sent != 7 {
+		t.Errorf("operations sent = %d, want 5 + 2 power reads", sent)
+	}
+}
+
+// TestReceipts_AmbiguousFailureIsUnknownThenSettled: a power change that
+// timed out at the driver may have happened: never "failed"; it is
+// settled from the power state read at once.
+func TestReceipts_AmbiguousFailureIsUnknownThenSettled(t *testing.T) {
+	st := newStateStore(t)
+	d := &recDispatcher{}
+	d.answer = func(op *agentpb.Operation) (agentsvc.Result, error) {
+		if op.Action == ActPowerStatus {
+			return agentsvc.Result{OperationResult: &agentpb.OperationResult{Id: op.Id, Ok: true, PowerState: "off"}, Agent: "a1"}, nil
+		}
+		return agentsvc.Result{OperationResult: &agentpb.OperationResult{Id: op.Id, ErrorClass: "timeout", ErrorMessage: "no answer in time"}, Agent: "a1"}, nil
+	}
+	r := New(Config{}, st, nil, d, epoch1{}, st, logging.Discard())
+	rec, err := r.Do(context.Background(), Request{Node: "n1", Action: ActPowerOff})
+	if err != nil || rec.Outcome != api.OutcomeOK || len(rec.Observed) != 1 {
+		t.Fatalf("timed-out power off, node off = %+v, %v; want ok settled by the read", rec, err)
+	}
+	rec, err = r.Do(context.Background(), Request{Node: "n1", Action: ActPowerReset})
+	var f *Failure
+	if !errors.As(err, &f) || f.Class != "outcome_unknown" || rec.Outcome != api.OutcomeUnknown {
+		t.Fatalf("timed-out reset = %+v, %v; want outcome_unknown", rec, err)
+	}
+	// A late timeout result is unknown too, never failed.
+	d.answer = unknownResult
+	late, _ := r.Do(context.Background(), Request{Node: "n1", Action: ActPowerCycle})
+	r.RecordLate("a1", &agentpb.OperationResult{Id: late.ID, ErrorClass: "timeout", ErrorMessage: "late"})
+	if got, _ := r.Receipt(late.ID); got.Outcome != api.OutcomeUnknown {
+		t.Errorf("late timeout of a power cycle = %+v, want unknown", got)
 	}
 }
 
