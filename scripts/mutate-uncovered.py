@@ -59,7 +59,9 @@ def main():
                     continue
                 path = os.path.join(dst, pkg, f["file_name"])
                 src = open(path).read().split("\n")
-                new = mutate(src[m["line"] - 1], m["column"], m["type"])
+                new = None
+                if 0 < m["line"] <= len(src):
+                    new = mutate(src[m["line"] - 1], m["column"], m["type"])
                 where = "%s:%d:%d %s" % (f["file_name"], m["line"], m["column"], m["type"])
                 if new is None:
                     skipped += 1

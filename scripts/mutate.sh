@@ -46,6 +46,7 @@ if [ -z "${GREMLINS:-}" ]; then
   fi
 fi
 mkdir -p "$out"
+abs_out=$(cd "$out" && pwd)
 
 # Files of each package that are not the package itself: its subpackages
 # (mutated, and scored, on their own) and generated code. Paths are relative
@@ -62,26 +63,23 @@ start=$SECONDS
 status=0
 for p in "${pkgs[@]}"; do
   name=${p//\//_}
-  args=(unleash "./$p" --workers "${MUTATE_WORKERS:-2}" -o "$out/$name.json")
-  for e in $(excludes "$p"); do args+=(-E "$e"); done
   echo "== mutate $p"
   t0=$SECONDS
-  snap=""
-  if [ "$uncovered" = 1 ]; then
-    # The tree gremlins mutates, for the by-hand run (others may edit
-    # the checkout meanwhile).
-    snap=$(mktemp -d)
-    tar --exclude=./.git --exclude=./bin -cf - . | tar -xf - -C "$snap"
-  fi
-  GOFLAGS="${GOFLAGS:-} -short" "$GREMLINS" "${args[@]}" >"$out/$name.log" 2>&1 || {
-    echo "gremlins failed on $p:"; tail -20 "$out/$name.log"; status=1; continue; }
+  # gremlins and the by-hand run both work on a copy of the module taken
+  # now: others may edit the checkout meanwhile.
+  snap=$(mktemp -d)
+  tar --exclude=./.git --exclude=./bin -cf - . | tar -xf - -C "$snap"
+  args=(unleash "./$p" --workers "${MUTATE_WORKERS:-2}" -o "$abs_out/$name.json")
+  for e in $(excludes "$p"); do args+=(-E "$e"); done
+  (cd "$snap" && GOFLAGS="${GOFLAGS:-} -short" "$GREMLINS" "${args[@]}") >"$out/$name.log" 2>&1 || {
+    echo "gremlins failed on $p:"; tail -20 "$out/$name.log"; status=1; rm -rf "$snap"; continue; }
   grep -E '^(Killed|Timed out|Test efficacy|Mutator coverage)' "$out/$name.log" || true
   if [ "$uncovered" = 1 ]; then
-    python3 scripts/mutate-uncovered.py "$out/$name.json" "$p" "$snap" >"$out/$name.uncovered.log" 2>&1 || {
+    python3 scripts/mutate-uncovered.py "$abs_out/$name.json" "$p" "$snap" >"$out/$name.uncovered.log" 2>&1 || {
       echo "mutate-uncovered failed on $p:"; tail -5 "$out/$name.uncovered.log"; status=1; }
     tail -1 "$out/$name.uncovered.log"
-    rm -rf "$snap"
   fi
+  rm -rf "$snap"
   echo "$((SECONDS - t0))" >"$out/$name.seconds"
 done
 
