@@ -59,7 +59,7 @@ type rigKey struct {
 	end         time.Time
 	id          string   // the receipt id, once an answer named one
 	ids         []string // every receipt id answers named
-	outcome     string // the final answer: ok, failed, unknown ("" if none had an outcome)
+	outcome     string   // the final answer: ok, failed, unknown ("" if none had an outcome)
 	class       string
 	attempts    int
 	transient   int // answers the worker retried (no_leader, outcome_unknown, transport errors)
