@@ -17,7 +17,9 @@
 #            scripts/mutate-uncovered.py, and report both measures
 #
 # Environment: GREMLINS (the binary; installed into bin/tools when unset),
-# MUTATE_WORKERS (parallel mutants, default 2: the machine is shared).
+# MUTATE_WORKERS (parallel mutants, default 2: the machine is shared),
+# MUTATE_TIMEOUT_COEFFICIENT (a mutant's test timeout in coverage-run
+# times, default 10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +34,7 @@ while getopts "o:f:b:u" opt; do
     f) floor=$OPTARG ;;
     b) budget=$OPTARG ;;
     u) uncovered=1 ;;
-    *) sed -n '2,21p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,23p' "$0" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -69,7 +71,10 @@ for p in "${pkgs[@]}"; do
   # now: others may edit the checkout meanwhile.
   snap=$(mktemp -d)
   tar --exclude=./.git --exclude=./bin -cf - . | tar -xf - -C "$snap"
-  args=(unleash "./$p" --workers "${MUTATE_WORKERS:-2}" -o "$abs_out/$name.json")
+  # The timeout is the coverage run's time times the coefficient; the
+  # coverage run of a small package is quick and cached, so on a busy
+  # machine a mutant's own build alone could pass gremlins' default of 3.
+  args=(unleash "./$p" --workers "${MUTATE_WORKERS:-2}" --timeout-coefficient "${MUTATE_TIMEOUT_COEFFICIENT:-10}" -o "$abs_out/$name.json")
   for e in $(excludes "$p"); do args+=(-E "$e"); done
   (cd "$snap" && GOFLAGS="${GOFLAGS:-} -short" "$GREMLINS" "${args[@]}") >"$out/$name.log" 2>&1 || {
     echo "gremlins failed on $p:"; tail -20 "$out/$name.log"; status=1; rm -rf "$snap"; continue; }
