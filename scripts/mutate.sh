@@ -34,7 +34,7 @@ while getopts "o:f:b:u" opt; do
     f) floor=$OPTARG ;;
     b) budget=$OPTARG ;;
     u) uncovered=1 ;;
-    *) sed -n '2,23p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,22p' "$0" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
