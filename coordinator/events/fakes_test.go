@@ -371,6 +371,10 @@ type fakeAgents struct {
 	agents []Agent
 	acked  map[string]uint64
 	deaf   map[string]bool
+	// ackDelay, when set, is how long a push takes to be applied and
+	// acknowledged (the agent link, a large configuration).
+	ackDelay time.Duration
+	wg       sync.WaitGroup // delayed acknowledgements
 }
 
 func (f *fakeAgents) list() []Agent {
@@ -492,11 +496,24 @@ func (e *env) build(cfg Config) {
 	cfg.PushRelayConfig = func() {
 		e.pushes.Add(1)
 		v := e.store.State().Index()
-		for _, a := range e.agents.list() {
-			if a.RelayURL != "" && e.agents.ack(a.ID, v) {
-				e.svc.reported()
+		e.agents.mu.Lock()
+		delay := e.agents.ackDelay
+		e.agents.mu.Unlock()
+		ack := func() {
+			for _, a := range e.agents.list() {
+				if a.RelayURL != "" && e.agents.ack(a.ID, v) {
+					e.svc.reported()
+				}
 			}
 		}
+		if delay == 0 {
+			ack()
+			return
+		}
+		e.agents.wg.Go(func() {
+			time.Sleep(delay) // the simulated link and apply time
+			ack()
+		})
 	}
 	logger := slog.New(slog.NewTextHandler(io.MultiWriter(e.logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e.svc = New(cfg, e.store, e.keys, e.runner, logger)
@@ -524,6 +541,7 @@ func (e *env) stop() {
 		<-e.done
 		e.cancel = nil
 	}
+	e.agents.wg.Wait()
 }
 
 // node registers a node and gives it a fake BMC.

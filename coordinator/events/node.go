@@ -343,6 +343,9 @@ func (run *nodeRun) planRelay(b *state.BMCSub) error {
 			run.r.logger.Info("relay subscription re-pointed at another agent", "node", run.node.Name, "sid", b.ID, "from", old, "to", id, "gen", b.Gen)
 		}
 	}
+	if b.URI == "" && b.AttemptID == "" && !run.relayAcked(b, id) {
+		return nil
+	}
 	token, err := run.r.s.keys.Open(b.Token, string(state.RelayTokenAD(b.ID)))
 	if err != nil {
 		run.waiting[b.ID] = true
@@ -353,6 +356,37 @@ func (run *nodeRun) planRelay(b *state.BMCSub) error {
 	spec := desiredSpec{Node: run.node.Key(), Destination: relayDestination(url, string(token), b.ID, b.Gen)}
 	run.addLive(b, spec, token, true)
 	return nil
+}
+
+// relayAcked reports whether agent acknowledged a relay configuration
+// holding b's token, for a relay subscription not yet on the BMC (a new
+// node's, typically). When it has not, the BMC is not called for b in this
+// run and no worker waits: a push is asked for, and the node runs again
+// when a relay report arrives (or after a backoff). Past RelayAckTimeout
+// the status says why (no_agent) and retries back off. Subscriptions
+// already on the BMC go on; their re-creates wait in create.
+func (run *nodeRun) relayAcked(b *state.BMCSub, agent string) bool {
+	e := run.e
+	idx := run.createIndex(b)
+	run.r.awaitAck(run.node.Name) // before the check: a report in between still wakes the node
+	if run.r.s.relayAcked(agent, idx) {
+		run.r.ackDone(run.node.Name)
+		e.ackSince = time.Time{}
+		return true
+	}
+	run.waiting[b.ID] = true
+	run.r.s.push.request()
+	if e.ackSince.IsZero() {
+		e.ackSince = run.now
+	}
+	if run.now.Sub(e.ackSince) >= run.r.cfg.RelayAckTimeout {
+		// Backing off, but still woken by the next report.
+		e.ackSince = time.Time{}
+		run.setError(b, "no_agent", fmt.Sprintf("the relay agent %q has not acknowledged the relay configuration with this node's token yet", agent))
+		return false
+	}
+	run.retry = max(run.retry, run.r.cfg.RelayAckTimeout/2)
+	return false
 }
 
 // planDirect computes a direct-mode subscription's payload.

@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -847,5 +848,40 @@ func TestRelayCreateWaitsForTheAgentsAck(t *testing.T) {
 	waitFor(t, "re-created after the acknowledgement", func() bool { return len(bmc.ours(b.ID)) == 1 })
 	if n := bmc.count(ActSubscribe); n != 2 {
 		t.Fatalf("%d creates, want 2", n)
+	}
+}
+
+// New relay subscriptions of many nodes wait for their agent's
+// acknowledgement without holding the reconciler's workers: one push
+// (and its acknowledgement) serves every node recorded before it. Were
+// each create to wait in a worker, two workers would need a push round
+// per two nodes.
+func TestRelayAckWaitHoldsNoWorker(t *testing.T) {
+	cfg := testConfig()
+	cfg.Workers = 2
+	cfg.PushInterval = 50 * time.Millisecond
+	e := newEnv(t, cfg)
+	e.agents.ackDelay = 200 * time.Millisecond
+	const n = 40
+	var ids []string
+	for i := range n {
+		e.node(fmt.Sprintf("n%02d", i), "redfish")
+	}
+	e.start()
+	start := time.Now()
+	for i := range n {
+		ids = append(ids, e.create(relaySpec(fmt.Sprintf("n%02d", i))))
+	}
+	for _, id := range ids {
+		e.waitState(id, state.SubActive)
+	}
+	t.Logf("%d nodes active after %v and %d pushes", n, time.Since(start), e.pushes.Load())
+	if p := e.pushes.Load(); p > 10 {
+		t.Errorf("%d relay configuration pushes for %d new nodes; want a few shared ones", p, n)
+	}
+	for i := range n {
+		if c := e.runner.bmc(fmt.Sprintf("n%02d", i)).count(ActSubscribe); c != 1 {
+			t.Errorf("node %d: %d creates, want 1", i, c)
+		}
 	}
 }

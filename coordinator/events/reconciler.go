@@ -48,6 +48,11 @@ type reconciler struct {
 	keySealed state.Sealed
 	key       []byte
 
+	// ackWait holds the nodes waiting for a relay agent's acknowledgement
+	// (relayAcked): a relay report triggers them.
+	ackMu   sync.Mutex
+	ackWait map[string]bool
+
 	// scans counts the scanner's passes over the connected agents.
 	scans atomic.Int64
 }
@@ -72,6 +77,7 @@ type nodeEntry struct {
 	agentTrig string
 
 	failures    int
+	ackSince    time.Time                  // worker only: waiting for a relay acknowledgement since
 	caps        *agentpb.EventCapabilities // worker only
 	capsAt      time.Time
 	capsStale   bool
@@ -82,7 +88,33 @@ type nodeEntry struct {
 
 func newReconciler(s *Service) *reconciler {
 	return &reconciler{s: s, cfg: s.cfg, logger: s.logger, nodes: map[string]*nodeEntry{}, wake: make(chan struct{}, 1),
-		stopped: make(chan struct{}), agentSeen: map[string]time.Time{}, agentURL: map[string]string{}}
+		stopped: make(chan struct{}), agentSeen: map[string]time.Time{}, agentURL: map[string]string{}, ackWait: map[string]bool{}}
+}
+
+// awaitAck makes node run again at the next relay report; ackDone takes
+// that back.
+func (r *reconciler) awaitAck(node string) {
+	r.ackMu.Lock()
+	r.ackWait[node] = true
+	r.ackMu.Unlock()
+}
+
+func (r *reconciler) ackDone(node string) {
+	r.ackMu.Lock()
+	delete(r.ackWait, node)
+	r.ackMu.Unlock()
+}
+
+// reported runs the nodes waiting for a relay acknowledgement: an agent
+// reported, so what it acknowledged may have moved.
+func (r *reconciler) reported() {
+	r.ackMu.Lock()
+	nodes := r.ackWait
+	r.ackWait = map[string]bool{}
+	r.ackMu.Unlock()
+	for n := range nodes {
+		r.trigger(n, false)
+	}
 }
 
 // run starts the reconciler and returns when ctx ends (after every worker

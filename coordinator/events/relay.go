@@ -125,6 +125,12 @@ func (s *Service) reported() {
 	close(s.acked)
 	s.acked = make(chan struct{})
 	s.ackMu.Unlock()
+	s.mu.Lock()
+	r := s.rec
+	s.mu.Unlock()
+	if r != nil {
+		r.reported()
+	}
 }
 
 // ackChanged returns a channel closed at the next relay report.
