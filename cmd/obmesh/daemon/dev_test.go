@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,5 +48,26 @@ func TestDevSetup_AgentCertificateNamesItsSites(t *testing.T) {
 	}
 	if _, err := tlsutil.ClientConfig(tlsutil.Files{CA: filepath.Join(tlsDir, tlsutil.CACertFile), Cert: ac.TLS.CertFile, Key: ac.TLS.KeyFile}); err != nil {
 		t.Errorf("reissued certificate and key do not load as a pair: %v", err)
+	}
+}
+
+// obmesh dev runs the agent's event relay on loopback, its queue under the
+// dev data directory, and accepts http:// webhooks, so the README's
+// events quick start works on a laptop.
+func TestDevSetup_EventRelayAndHTTPWebhooks(t *testing.T) {
+	dir := t.TempDir()
+	cc, ac, err := DevSetup(dir, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cc.Events.AllowHTTPDestinations {
+		t.Error("dev refuses http:// webhook destinations")
+	}
+	if !ac.Relay.Enabled() || !strings.HasPrefix(ac.Relay.Listen, "127.0.0.1:") || ac.Relay.DataDir != filepath.Join(dir, "relay") {
+		t.Errorf("dev agent relay = %+v; want it listening on loopback with its data under %s", ac.Relay, dir)
+	}
+	ac.Coordinators = []string{"127.0.0.1:1"} // StartLocal sets the coordinator's link
+	if err := ac.Validate(); err != nil {
+		t.Errorf("dev agent config invalid: %v", err)
 	}
 }
