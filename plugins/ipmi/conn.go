@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -107,13 +108,26 @@ func (c *conn) do(ctx context.Context, what string, fn func(context.Context, *cl
 	if err != nil {
 		return err
 	}
-	err = fn(ctx, cli)
+	// A read on a reused session gets half the time left: a session the
+	// BMC forgot (it restarted) answers nothing, and a new session must
+	// still have time to answer within the caller's deadline. Changes are
+	// not tried twice that way (the first may have acted).
+	fctx, fcancel := ctx, context.CancelFunc(func() {})
+	if dl, ok := ctx.Deadline(); ok && reused && strings.HasPrefix(what, "get ") {
+		fctx, fcancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+	}
+	err = fn(fctx, cli)
+	short := fctx.Err() != nil && ctx.Err() == nil
+	fcancel()
 	if err == nil {
 		return nil
 	}
-	cerr := classify(ctx, what, err)
-	if !reused || ctx.Err() != nil || !(errors.Is(cerr, sdk.ErrUnreachable) || errors.Is(cerr, sdk.ErrProtocol) || errors.Is(cerr, sdk.ErrAuth)) {
-		if errors.Is(cerr, sdk.ErrUnreachable) {
+	cerr := classify(fctx, what, err)
+	if !reused || ctx.Err() != nil || !(short || errors.Is(cerr, sdk.ErrUnreachable) || errors.Is(cerr, sdk.ErrProtocol) || errors.Is(cerr, sdk.ErrAuth)) {
+		if errors.Is(cerr, sdk.ErrUnreachable) || errors.Is(cerr, sdk.ErrTimeout) {
+			// A call that ran out of time on a session may have found it
+			// dead (a BMC that restarted forgets its sessions): the next
+			// call opens a new one instead of waiting out the old one.
 			c.drop()
 		}
 		return cerr
