@@ -383,6 +383,27 @@ func (r *rig) check(t *testing.T) {
 		t.FailNow()
 	}
 	t.Logf("every receipt resolved %v after the workload stopped", time.Since(resolveStart).Round(10*time.Millisecond))
+	// Every member answers the same receipts (followers from their
+	// replicated record, ?stale=true, once they have applied it).
+	for _, m := range r.live() {
+		WaitFor(t, 30*time.Second, m.Name+" to answer every receipt as the leader does", func() bool {
+			for id, want := range resolved {
+				var got api.Receipt
+				req, _ := http.NewRequest("GET", "http://"+m.HTTPAddr+"/v1/operations/"+id+"?stale=true", nil)
+				req.Header.Set("Authorization", "Bearer "+r.g.Token)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return false
+				}
+				err = decodeJSON(resp, &got)
+				resp.Body.Close()
+				if err != nil || got.Outcome != want.Outcome || got.ErrorClass != want.ErrorClass {
+					return false
+				}
+			}
+			return true
+		})
+	}
 	for _, s := range r.sites {
 		for _, n := range s.nodes {
 			var ok []*rigKey
@@ -517,14 +538,14 @@ func TestFailover_EveryOperationAccountedFor(t *testing.T) {
 	r.check(t)
 	t.Logf("final answers: %s", r.summary())
 	t.Logf("what the processes did: %s", r.countLogs(map[string]string{
-		"forwarded requests re-sent after a leader loss": "sending it to the new leader",
-		"repeats answered with a recorded receipt":       "operation repeated: answered with its receipt",
-		"late results recorded":                          "late operation result recorded",
-		"receipts resolved as never started":             "unresolved operation resolved: never started",
-		"interrupted operations settled":                 "interrupted operation settled",
-		"results re-sent on a new link":                  "re-sent unacknowledged results",
-		"operations refused past their start-by":         "after its start-by deadline",
-		"agents sent on from an unreachable leader":      "cannot be reached; asking another",
+		"forwarded requests re-sent after a leader loss":  "sending it to the new leader",
+		"repeats answered with a recorded receipt":        "operation repeated: answered with its receipt",
+		"late results recorded":                           "late operation result recorded",
+		"receipts resolved as never started":              "unresolved operation resolved: never started",
+		"unknown operations settled from the power state": "settled from the power state",
+		"results re-sent on a new link":                   "re-sent unacknowledged results",
+		"operations refused past their start-by":          "after its start-by deadline",
+		"agents sent on from an unreachable leader":       "cannot be reached; asking another",
 	}))
 }
 
