@@ -83,7 +83,7 @@ func (r *Runner) Event(ctx context.Context, node string, req *agentpb.EventReque
 		ctx, cancel = context.WithTimeout(ctx, r.cfg.DefaultTimeout)
 		defer cancel()
 	}
-	n, ok := r.nodes.Node(node)
+	n, ok := r.lookup(ctx, node)
 	if !ok {
 		return nil, "", fmt.Errorf("node %q: %w", node, ErrNodeNotFound)
 	}

@@ -226,13 +226,29 @@ func (r *Runner) OpenConsole(ctx context.Context, node string) (io.ReadWriteClos
 	return cs, rec, nil
 }
 
+// lookup finds a node in the local replica. A node it does not hold yet
+// may be an entry a leader that just took office has not applied (a
+// request retried after a leader change reaches it at once): before
+// answering "not found", it waits until the replica has applied everything
+// committed, when the node source can (the store's VerifyLeader).
+func (r *Runner) lookup(ctx context.Context, name string) (state.Node, bool) {
+	if n, ok := r.nodes.Node(name); ok {
+		return n, true
+	}
+	v, ok := r.epoch.(interface{ VerifyLeader(context.Context) error })
+	if !ok || v.VerifyLeader(ctx) != nil {
+		return state.Node{}, false
+	}
+	return r.nodes.Node(name)
+}
+
 func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.ConsoleStream, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.cfg.DefaultTimeout)
 		defer cancel()
 	}
-	n, ok := r.nodes.Node(req.Node)
+	n, ok := r.lookup(ctx, req.Node)
 	if !ok {
 		return api.Receipt{}, nil, fmt.Errorf("node %q: %w", req.Node, ErrNodeNotFound)
 	}
