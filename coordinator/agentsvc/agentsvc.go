@@ -87,8 +87,13 @@ const lostAfter = 3
 
 // FollowerHold bounds how long a member that does not lead holds an
 // agent's hello while no leader is known (an election), before it
-// redirects the agent with no leader named.
-const FollowerHold = 5 * time.Second
+// redirects the agent with no leader named. A member that has not heard
+// from a leader for electionWindow (cut off from the group, or a deposed
+// leader) holds no hello: no election it takes part in is about to end.
+const (
+	FollowerHold   = 5 * time.Second
+	electionWindow = 4 * time.Second
+)
 
 // Leadership is what the service needs from the store.
 type Leadership interface {
@@ -371,6 +376,7 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 // leader's link address (empty if none or this member).
 func (s *Service) awaitLeader(ctx context.Context) string {
 	deadline := time.Now().Add(FollowerHold)
+	lc, _ := s.lead.(interface{ LastContact() time.Time })
 	for {
 		if s.lead.IsLeader() {
 			return ""
@@ -378,7 +384,7 @@ func (s *Service) awaitLeader(ctx context.Context) string {
 		if a := s.lead.LeaderLinkAddr(); a != "" {
 			return a
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) || lc != nil && time.Since(lc.LastContact()) > electionWindow {
 			return ""
 		}
 		select {

@@ -496,3 +496,48 @@ func TestConsole_OnlyFromTheAgentItWasSentTo(t *testing.T) {
 	}
 	r.cs.Close()
 }
+
+// electing is a member that does not lead: the leader it names (empty
+// while an election runs) and when it last heard from one.
+type electing struct {
+	fakeLeader
+	mu      sync.Mutex
+	leader  string
+	contact time.Time
+}
+
+func (e *electing) IsLeader() bool { return false }
+func (e *electing) LeaderLinkAddr() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.leader
+}
+func (e *electing) LastContact() time.Time { e.mu.Lock(); defer e.mu.Unlock(); return e.contact }
+
+// TestAwaitLeader (issue 16, item 5): a follower holds an agent during an
+// election and names the new leader as soon as it is known, never a stale
+// one; one that has not heard from a leader for long (cut off, deposed)
+// holds nobody.
+func TestAwaitLeader(t *testing.T) {
+	e := &electing{contact: time.Now()}
+	s := New(Config{}, e, logging.Discard())
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		e.mu.Lock()
+		e.leader = "new-leader:7443"
+		e.mu.Unlock()
+	}()
+	start := time.Now()
+	if got := s.awaitLeader(t.Context()); got != "new-leader:7443" {
+		t.Fatalf("during an election: %q, want the new leader", got)
+	}
+	if d := time.Since(start); d < 150*time.Millisecond || d > 3*time.Second {
+		t.Errorf("named the new leader after %v", d)
+	}
+	cut := &electing{contact: time.Now().Add(-time.Minute)}
+	s = New(Config{}, cut, logging.Discard())
+	start = time.Now()
+	if got := s.awaitLeader(t.Context()); got != "" || time.Since(start) > time.Second {
+		t.Errorf("cut-off member: %q after %v, want no leader at once", got, time.Since(start))
+	}
+}

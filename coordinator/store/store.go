@@ -393,6 +393,15 @@ func (s *Store) Leader() (addr, id string) {
 	return string(a), string(i)
 }
 
+// LastContact is when this member last heard from a leader (now, on the
+// leader; zero if never).
+func (s *Store) LastContact() time.Time {
+	if s.raft.State() == raft.Leader {
+		return time.Now()
+	}
+	return s.raft.LastContact()
+}
+
 // Epoch is the current Raft term. Operations are stamped with the leader's
 // epoch so agents can refuse operations from a deposed leader.
 func (s *Store) Epoch() uint64 {
