@@ -406,7 +406,7 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		// A power on or off the driver could not confirm: the power state
 		// read now settles it.
 		if hasResult(rec) {
-			if got, ok := r.settleByState(rec, "the driver could not confirm it"); ok {
+			if got, ok := r.settleByState(rec, whyUnconfirmed); ok {
 				r.remember(got)
 				return got, cs, failureOf(got)
 			}
@@ -670,7 +670,7 @@ func (r *Runner) RecordLate(agent string, res *agentpb.OperationResult) {
 	}
 	r.ack(agentsvc.Result{OperationResult: res, Agent: agent})
 	if rec.Outcome == api.OutcomeUnknown {
-		if got, ok := r.settleByState(rec, "the driver could not confirm it"); ok {
+		if got, ok := r.settleByState(rec, whyUnconfirmed); ok {
 			rec = got
 		}
 	}
@@ -720,7 +720,7 @@ func (r *Runner) ResolveUnknown(agent string) {
 					r.forgot[id] = rec.Agent
 					r.mu.Unlock()
 				} else {
-					r.settleByState(rec, "the driver could not confirm it")
+					r.settleByState(rec, whyUnconfirmed)
 				}
 			}
 			continue
@@ -854,6 +854,12 @@ func (r *Runner) laterChange(rec api.Receipt) bool {
 	return !after
 }
 
+// whyUnconfirmed is why a driver's "outcome unknown" is being settled. Its
+// transition may still be running (a BMC slower than the deadline), so
+// the state read then settles it only when it shows the target: the
+// opposite state proves nothing yet and the receipt stays unknown.
+const whyUnconfirmed = "the driver could not confirm it"
+
 // settleByState settles an unknown power on or off from the node's power
 // state read now: ok when it is the target, failed (class "interrupted")
 // when it is the other one. It does not when another change of the node
@@ -869,6 +875,10 @@ func (r *Runner) settleByState(rec api.Receipt, why string) (api.Receipt, bool) 
 	read, err := r.Do(ctx, Request{Node: rec.Node, Action: ActPowerStatus})
 	if err != nil || (read.State != "on" && read.State != "off") || r.laterChange(rec) {
 		r.logger.Info("unknown operation not settled: no usable power state", "id", rec.ID, "state", read.State, "err", err)
+		return rec, false
+	}
+	if read.State != target && why == whyUnconfirmed {
+		r.logger.Info("unknown operation not settled: the transition may still be running", "id", rec.ID, "state", read.State)
 		return rec, false
 	}
 	rec.FinishedAt = time.Now().UTC()

@@ -15,7 +15,7 @@ import (
 	"github.com/obmesh/obmesh/coordinator/api"
 )
 
-var receiptRE = regexp.MustCompile(`receipt (op-[0-9a-f]{24})`)
+var receiptRE = regexp.MustCompile(`receipt (?:id )?(op-[0-9a-f]{24})`)
 
 // TestCLI_NeverLeavesTheOperatorGuessing runs the obmesh CLI against a real
 // group of 3, through a follower: -timeout bounds the operation on the
