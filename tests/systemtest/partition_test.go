@@ -57,9 +57,13 @@ func TestGroup_MinorityPartition(t *testing.T) {
 		}
 		acked = append(acked, name)
 	}
-	if r, err := g.Client(newLeader).PowerStatus(ctx, "before"); err != nil {
-		t.Errorf("power operation on the majority side: %+v %v", r, err)
-	}
+	// The agent was on the old leader's link: it finds the new leader (the
+	// failover of agents is measured in docs/benchmarks.md), then the
+	// majority side carries out operations.
+	WaitFor(t, 30*time.Second, "a power operation on the majority side", func() bool {
+		_, err := g.Client(newLeader).PowerStatus(ctx, "before")
+		return err == nil
+	})
 
 	// The minority member cannot commit: a clear error, in bounded time.
 	start := time.Now()
