@@ -267,7 +267,14 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 	start := time.Now()
 	id, rerr := r.reserve(req.ID, tag(req.Node, req.Action))
 	if errors.Is(rerr, errTaken) {
-		return r.replay(ctx, req.ID, req)
+		rec, cs, err := r.replay(ctx, req.ID, req)
+		if !neverStarted(rec) {
+			return rec, cs, err
+		}
+		// The first attempt (a forwarding member repeats it after a
+		// leader loss) never started: run it now, under a new id.
+		r.logger.Info("operation repeated after it never started: running it now", "previous", req.ID, "node", req.Node, "action", req.Action)
+		id, rerr = r.reserve("", tag(req.Node, req.Action))
 	}
 	if rerr != nil {
 		return api.Receipt{}, nil, rerr

@@ -428,3 +428,26 @@ func TestReceipts_KeyOfANotStartedOperationRunsOnRetry(t *testing.T) {
 		t.Errorf("operations sent = %d, want 2", sent)
 	}
 }
+
+// TestReceipts_RepeatOfANotStartedOperationRuns: a forwarding member's
+// repeat (same id) of an operation that never started runs it, under a
+// new id; the repeat of one that ran gets its receipt.
+func TestReceipts_RepeatOfANotStartedOperationRuns(t *testing.T) {
+	st := newStateStore(t)
+	d := &recDispatcher{answer: unknownResult}
+	r := New(Config{ReplayWait: 10 * time.Millisecond}, st, nil, d, epoch1{}, st, logging.Discard())
+	const fwd = "op-00000000000000000000aaaa"
+	first, _ := r.Do(context.Background(), Request{ID: fwd, Node: "n1", Action: ActPowerOn})
+	if first.ID != fwd {
+		t.Fatalf("first attempt ran as %s", first.ID)
+	}
+	r.RecordFates("a1", []*agentpb.Fate{{Id: fwd, State: "never_run"}})
+	d.answer = okResult
+	again, err := r.Do(context.Background(), Request{ID: fwd, Node: "n1", Action: ActPowerOn})
+	if err != nil || again.ID == fwd || again.Outcome != api.OutcomeOK {
+		t.Fatalf("repeat of a never-started operation = %+v, %v; want a new ok operation", again, err)
+	}
+	if sent, _ := d.count(); sent != 2 {
+		t.Errorf("operations sent = %d, want 2", sent)
+	}
+}
