@@ -85,7 +85,9 @@ func TestIPMI_BlackholedBMCIsUnreachable(t *testing.T) {
 					if c := sdk.ClassOf(err); c != sdk.ClassUnreachable || !errors.Is(err, sdk.ErrUnreachable) {
 						t.Fatalf("power status of a blackholed BMC = class %q (%v), want %q", c, err, sdk.ClassUnreachable)
 					}
-					if took > tc.deadline {
+					// The call returns when its deadline fires; the slack
+					// covers scheduling on a busy machine, not a retry.
+					if took > tc.deadline+250*time.Millisecond {
 						t.Errorf("took %v, past the %v deadline", took, tc.deadline)
 					}
 					t.Logf("%v: %v", took.Round(time.Millisecond), err)
