@@ -240,9 +240,13 @@ func SelfCommand() *exec.Cmd {
 }
 
 // ClosedPort returns a loopback address ("127.0.0.1:port") where nothing
-// listened a moment ago, over TCP or UDP: an address for Target.Unreachable.
+// listens, over TCP or UDP: an address for Target.Unreachable. On Unix the
+// TCP port stays reserved (bound, never listening) until the test ends.
 func ClosedPort(t testing.TB) string {
 	t.Helper()
+	if addr, ok := reserveClosedTCP(t); ok {
+		return addr
+	}
 	for range 20 {
 		u, err := net.ListenPacket("udp", "127.0.0.1:0")
 		if err != nil {
