@@ -562,3 +562,30 @@ func TestForward_NotServingYetIsNotSent(t *testing.T) {
 		t.Fatalf("Forward to a member not serving yet = %v, want ErrNoLeader", err)
 	}
 }
+
+// Informational answers (1xx) stay on the leader: the forwarding member
+// sends its own. Only the final status is the forwarded head, once.
+func TestStreamWriter_InformationalAnswersStayLocal(t *testing.T) {
+	for _, tc := range []struct {
+		codes []int
+		want  string
+	}{
+		{[]int{100, 204}, "204"},
+		{[]int{102, 103, 200}, "200"},
+		{[]int{199, 201}, "201"},
+		{[]int{200}, "200"},
+		{nil, "200"},
+	} {
+		var sent []string
+		w := &streamWriter{stream: &recStream{sent: &sent}, header: http.Header{}}
+		for _, c := range tc.codes {
+			w.WriteHeader(c)
+		}
+		if err := w.finish(); err != nil {
+			t.Fatal(err)
+		}
+		if len(sent) != 1 || sent[0] != tc.want {
+			t.Errorf("WriteHeader%v then finish sent %q, want one head %s", tc.codes, sent, tc.want)
+		}
+	}
+}
