@@ -160,6 +160,11 @@ type Config struct {
 	// of an operation that no member is running and that has no result
 	// yet (a result may still come from its agent); zero means 5s.
 	ReplayWait time.Duration
+	// SettleAfter is how long after it started an uncertain power on/off
+	// whose node is in the other state is settled as failed (a BMC may
+	// still be carrying it out before); zero means 15s. One whose node is
+	// in the target state is settled as ok at once.
+	SettleAfter time.Duration
 }
 
 // Runner runs operations. It is safe for concurrent use.
@@ -196,6 +201,9 @@ func New(cfg Config, nodes Nodes, keys *seal.Keyring, disp Dispatcher, epoch Epo
 	}
 	if cfg.ReplayWait == 0 {
 		cfg.ReplayWait = 5 * time.Second
+	}
+	if cfg.SettleAfter == 0 {
+		cfg.SettleAfter = 15 * time.Second
 	}
 	return &Runner{cfg: cfg, nodes: nodes, keys: keys, disp: disp, epoch: epoch, audit: audit,
 		logger: logger.With("component", "ops"), recent: map[string]api.Receipt{}, reserved: map[string]string{}, forgot: map[string]string{}}
@@ -869,9 +877,10 @@ const whyUnconfirmed = "the driver could not confirm it"
 
 // settleByState settles an unknown power on or off from the node's power
 // state read now: ok when it is the target, failed (class "interrupted")
-// when it is the other one. It does not when another change of the node
-// was recorded after it (before or during the read), when the read fails
-// or finds a state in between, or for other actions.
+// when it is the other one SettleAfter after the operation started (a BMC
+// may still be carrying it out before). It does not when another change
+// of the node was recorded after it (before or during the read), when the
+// read fails or finds a state in between, or for other actions.
 func (r *Runner) settleByState(rec api.Receipt, why string) (api.Receipt, bool) {
 	target := powerTarget(rec.Action)
 	if target == "" || r.laterChange(rec) {
@@ -883,6 +892,9 @@ func (r *Runner) settleByState(rec api.Receipt, why string) (api.Receipt, bool) 
 	if err != nil || (read.State != "on" && read.State != "off") || r.laterChange(rec) {
 		r.logger.Info("unknown operation not settled: no usable power state", "id", rec.ID, "state", read.State, "err", err)
 		return rec, false
+	}
+	if read.State != target && time.Since(rec.StartedAt) < r.cfg.SettleAfter {
+		return rec, false // not there yet; asked again later
 	}
 	if read.State != target && why == whyUnconfirmed {
 		r.logger.Info("unknown operation not settled: the transition may still be running", "id", rec.ID, "state", read.State)

@@ -343,7 +343,7 @@ func TestReceipts_InterruptedSettledFromThePowerState(t *testing.T) {
 	st := newStateStore(t)
 	addNodes(t, st, "n2", "n3", "n4")
 	d := &recDispatcher{answer: unknownResult}
-	r := New(Config{}, st, nil, d, epoch1{}, st, logging.Discard())
+	r := New(Config{SettleAfter: 100 * time.Millisecond}, st, nil, d, epoch1{}, st, logging.Discard())
 	on, _ := r.Do(context.Background(), Request{Node: "n1", Action: ActPowerOn})
 	off, _ := r.Do(context.Background(), Request{Node: "n2", Action: ActPowerOff})
 	reset, _ := r.Do(context.Background(), Request{Node: "n3", Action: ActPowerReset})
@@ -360,6 +360,14 @@ func TestReceipts_InterruptedSettledFromThePowerState(t *testing.T) {
 	if got, _ := r.Receipt(on.ID); got.Outcome != api.OutcomeOK || len(got.Observed) != 1 {
 		t.Errorf("interrupted power on, node on: %+v", got)
 	}
+	// The node is not (yet) off: the power off may still be under way.
+	if got, _ := r.Receipt(off.ID); got.Outcome != api.OutcomeUnknown {
+		t.Errorf("interrupted power off, node on, just now: %+v, want unknown for now", got)
+	}
+	for time.Since(off.StartedAt) < 100*time.Millisecond {
+		time.Sleep(10 * time.Millisecond) // SettleAfter must have passed
+	}
+	r.RecordFates("a1", []*agentpb.Fate{{Id: off.ID, State: "interrupted"}})
 	if got, _ := r.Receipt(off.ID); got.Outcome != api.OutcomeFailed || got.ErrorClass != "interrupted" {
 		t.Errorf("interrupted power off, node on: %+v", got)
 	}
@@ -369,8 +377,8 @@ func TestReceipts_InterruptedSettledFromThePowerState(t *testing.T) {
 	if got, _ := r.Receipt(stale.ID); got.Outcome != api.OutcomeUnknown {
 		t.Errorf("interrupted power on followed by another change: %+v, want unknown", got)
 	}
-	if sent, _ := d.count(); sent != 7 {
-		t.Errorf("operations sent = %d, want 5 + 2 power reads", sent)
+	if sent, _ := d.count(); sent != 8 {
+		t.Errorf("operations sent = %d, want 5 + 3 power reads", sent)
 	}
 }
 
