@@ -840,9 +840,7 @@ func TestRelayCreateWaitsForTheAgentsAck(t *testing.T) {
 	if n := bmc.count(ActSubscribe); n != 1 {
 		t.Fatalf("%d creates, want still 1: re-created before the restarted agent acknowledged", n)
 	}
-	if e.pushes.Load() == pushes {
-		t.Error("the waiting create asked for no relay configuration push")
-	}
+	waitFor(t, "the waiting create to ask for a relay configuration push", func() bool { return e.pushes.Load() > pushes })
 	e.agents.setDeaf("agent-1", false)
 	e.agents.ack("agent-1", e.store.State().Index())
 	e.svc.reported()
