@@ -178,11 +178,18 @@ func (s *State) AuditKey(key string) (id string, stampUnixNano int64, ok bool) {
 // AuditUnknown lists the recorded operations whose outcome is "unknown",
 // oldest first.
 func (s *State) AuditUnknown() []string {
+	// Receipts are decoded outside the lock (a recorded receipt's bytes
+	// are never changed in place, only replaced), so writes do not wait.
 	s.mu.RLock()
-	defer s.mu.RUnlock()
+	ids := slices.Clone(s.auditOrder)
+	raws := make([]json.RawMessage, len(ids))
+	for i, id := range ids {
+		raws[i] = s.audit[id]
+	}
+	s.mu.RUnlock()
 	var out []string
-	for _, id := range s.auditOrder {
-		if receiptOutcome(s.audit[id]) == "unknown" {
+	for i, id := range ids {
+		if receiptOutcome(raws[i]) == "unknown" {
 			out = append(out, id)
 		}
 	}
