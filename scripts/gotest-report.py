@@ -79,7 +79,14 @@ if failed_tests:
         print("  FAIL %s %s" % (pkg, test))
 if failed_pkgs or failed_tests:
     sys.exit(1)
-top = [x for x in skipped if "/" not in x[1]]
+# A test may report a known, documented gap as a skip whose reason starts
+# with "KNOWN ": it is listed on its own and does not fail the run.
+known = [x for x in skipped if "/" not in x[1] and x[2].split(": ", 1)[-1].startswith("KNOWN ")]
+if known:
+    print("\nknown gaps reported by tests (%d):" % len(known))
+    for pkg, test, reason in known:
+        print("  GAP %s %s: %s" % (pkg, test, reason[:400]))
+top = [x for x in skipped if "/" not in x[1] and x not in known]
 if top and os.environ.get("OBMESH_ALLOW_SKIPS") != "1":
     print("\ntop-level tests skipped (%d):" % len(top))
     for pkg, test, reason in top:
