@@ -92,12 +92,18 @@ func TestGroup_FormServeFailover(t *testing.T) {
 	t.Run("wiped follower rejoins by snapshot", func(t *testing.T) {
 		l := g.Leader(30 * time.Second)
 		f := g.Followers(l)[0]
-		// Enough writes that the log is compacted past what f would need.
+		// Enough writes that the log is compacted past what f would need,
+		// and wait for the leader to take that snapshot (raft checks every
+		// 1-2 s): otherwise f may replay the whole log and never need one.
+		snaps := strings.Count(l.Proc.Log(t), "snapshot complete up to")
 		for i := range 120 {
 			if _, err := g.Client(l).RegisterNode(ctx, api.NodeSpec{Name: fmt.Sprintf("bulk-%d", i), Driver: "mock"}); err != nil {
 				t.Fatal(err)
 			}
 		}
+		WaitFor(t, 30*time.Second, "the leader to snapshot and compact its log", func() bool {
+			return strings.Count(l.Proc.Log(t), "snapshot complete up to") > snaps
+		})
 		g.Kill(f)
 		g.Wipe(f)
 		g.StartMember(f)
