@@ -95,9 +95,7 @@ func startAgent(t *testing.T, dir, addr string) *Agent {
 	go func() { done <- a.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent Run = %v", err)
-		}
+		waitRun(t, done)
 	})
 	return a
 }
@@ -126,7 +124,7 @@ func TestAgent_HelloOperationsAndFencing(t *testing.T) {
 	dir := pki(t)
 	f, addr := startFake(t, dir)
 	startAgent(t, dir, addr)
-	s := <-f.streams
+	s := nextStream(t, f)
 	m, err := s.Recv()
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +173,7 @@ func TestAgent_ReconnectsAndKeepsEpoch(t *testing.T) {
 	dir := pki(t)
 	f, addr := startFake(t, dir)
 	a := startAgent(t, dir, addr)
-	s := <-f.streams
+	s := nextStream(t, f)
 	s.Recv()
 	s.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{Epoch: 9}}})
 	// Drop the stream: the agent must come back and announce epoch 9.
@@ -250,7 +248,14 @@ func TestAgent_RefusedHelloWaitsTheLongestBackoff(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("agent Run did not return within 30s of its context ending")
+		}
+	}()
 
 	next := func() time.Time {
 		select {

@@ -208,9 +208,7 @@ func runAgent(t *testing.T, dir, addr string, edit func(*Config)) (stop func()) 
 	stop = func() {
 		once.Do(func() {
 			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("agent Run = %v", err)
-			}
+			waitRun(t, done)
 		})
 	}
 	t.Cleanup(stop)

@@ -35,9 +35,7 @@ func startAgentWith(t *testing.T, dir, addr string, edit func(*Config)) *Agent {
 	go func() { done <- a.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent Run = %v", err)
-		}
+		waitRun(t, done)
 	})
 	return a
 }
@@ -79,7 +77,7 @@ func TestAgent_ReportsDriverHealth(t *testing.T) {
 		c.Plugins.Dir = plugins
 		c.Plugins.RescanInterval = config.Duration(time.Hour) // only SIGHUP
 	})
-	s := <-f.streams
+	s := nextStream(t, f)
 	m, err := s.Recv()
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +140,7 @@ func TestAgent_PluginDeathDuringPowerIsOutcomeUnknown(t *testing.T) {
 	pki := pki(t)
 	f, addr := startFake(t, pki)
 	a := startAgentWith(t, pki, addr, func(*Config) {})
-	s := <-f.streams
+	s := nextStream(t, f)
 	if _, err := s.Recv(); err != nil {
 		t.Fatal(err)
 	}

@@ -82,9 +82,7 @@ func startRelayAgentWith(t *testing.T, dir, addr string, drivers []string, noRel
 	go func() { done <- a.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent Run = %v", err)
-		}
+		waitRun(t, done)
 	})
 	return a
 }
