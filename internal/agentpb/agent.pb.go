@@ -117,6 +117,7 @@ type AgentMessage struct {
 	//	*AgentMessage_RelayEvent
 	//	*AgentMessage_FateReport
 	//	*AgentMessage_DriverReport
+	//	*AgentMessage_PowerSyncReport
 	Msg           isAgentMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -222,6 +223,15 @@ func (x *AgentMessage) GetDriverReport() *DriverReport {
 	return nil
 }
 
+func (x *AgentMessage) GetPowerSyncReport() *PowerSyncReport {
+	if x != nil {
+		if x, ok := x.Msg.(*AgentMessage_PowerSyncReport); ok {
+			return x.PowerSyncReport
+		}
+	}
+	return nil
+}
+
 type isAgentMessage_Msg interface {
 	isAgentMessage_Msg()
 }
@@ -254,6 +264,10 @@ type AgentMessage_DriverReport struct {
 	DriverReport *DriverReport `protobuf:"bytes,10,opt,name=driver_report,json=driverReport,proto3,oneof"`
 }
 
+type AgentMessage_PowerSyncReport struct {
+	PowerSyncReport *PowerSyncReport `protobuf:"bytes,11,opt,name=power_sync_report,json=powerSyncReport,proto3,oneof"`
+}
+
 func (*AgentMessage_Hello) isAgentMessage_Msg() {}
 
 func (*AgentMessage_Result) isAgentMessage_Msg() {}
@@ -268,6 +282,8 @@ func (*AgentMessage_FateReport) isAgentMessage_Msg() {}
 
 func (*AgentMessage_DriverReport) isAgentMessage_Msg() {}
 
+func (*AgentMessage_PowerSyncReport) isAgentMessage_Msg() {}
+
 type CoordinatorMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -279,6 +295,7 @@ type CoordinatorMessage struct {
 	//	*CoordinatorMessage_RelayConfig
 	//	*CoordinatorMessage_ResultAck
 	//	*CoordinatorMessage_FateQuery
+	//	*CoordinatorMessage_PowerSync
 	Msg           isCoordinatorMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -384,6 +401,15 @@ func (x *CoordinatorMessage) GetFateQuery() *FateQuery {
 	return nil
 }
 
+func (x *CoordinatorMessage) GetPowerSync() *PowerSyncAssignment {
+	if x != nil {
+		if x, ok := x.Msg.(*CoordinatorMessage_PowerSync); ok {
+			return x.PowerSync
+		}
+	}
+	return nil
+}
+
 type isCoordinatorMessage_Msg interface {
 	isCoordinatorMessage_Msg()
 }
@@ -416,6 +442,10 @@ type CoordinatorMessage_FateQuery struct {
 	FateQuery *FateQuery `protobuf:"bytes,7,opt,name=fate_query,json=fateQuery,proto3,oneof"`
 }
 
+type CoordinatorMessage_PowerSync struct {
+	PowerSync *PowerSyncAssignment `protobuf:"bytes,8,opt,name=power_sync,json=powerSync,proto3,oneof"`
+}
+
 func (*CoordinatorMessage_Welcome) isCoordinatorMessage_Msg() {}
 
 func (*CoordinatorMessage_Operation) isCoordinatorMessage_Msg() {}
@@ -429,6 +459,8 @@ func (*CoordinatorMessage_RelayConfig) isCoordinatorMessage_Msg() {}
 func (*CoordinatorMessage_ResultAck) isCoordinatorMessage_Msg() {}
 
 func (*CoordinatorMessage_FateQuery) isCoordinatorMessage_Msg() {}
+
+func (*CoordinatorMessage_PowerSync) isCoordinatorMessage_Msg() {}
 
 // Hello announces the agent.
 type Hello struct {
@@ -3100,6 +3132,295 @@ func (x *RelayEvent) GetTimestamp() string {
 	return ""
 }
 
+// PowerSyncAssignment is the whole set of nodes an agent keeps the power
+// state of (its share of its sites' nodes, chosen by the leader so no node
+// is polled by two agents). Each one replaces the previous; an empty one
+// stops the agent's power sync. Passwords are plaintext inside the link's
+// TLS, as in an Operation.
+type PowerSyncAssignment struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Targets       []*PowerSyncTarget     `protobuf:"bytes,2,rep,name=targets,proto3" json:"targets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PowerSyncAssignment) Reset() {
+	*x = PowerSyncAssignment{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerSyncAssignment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerSyncAssignment) ProtoMessage() {}
+
+func (x *PowerSyncAssignment) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerSyncAssignment.ProtoReflect.Descriptor instead.
+func (*PowerSyncAssignment) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *PowerSyncAssignment) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *PowerSyncAssignment) GetTargets() []*PowerSyncTarget {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+type PowerSyncTarget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// health is the node's replicated BMC health ("ok", "degraded",
+	// "unreachable", "" unknown): an agent taking over an unreachable BMC
+	// starts it in quarantine.
+	Health        string `protobuf:"bytes,2,opt,name=health,proto3" json:"health,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PowerSyncTarget) Reset() {
+	*x = PowerSyncTarget{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerSyncTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerSyncTarget) ProtoMessage() {}
+
+func (x *PowerSyncTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerSyncTarget.ProtoReflect.Descriptor instead.
+func (*PowerSyncTarget) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *PowerSyncTarget) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *PowerSyncTarget) GetHealth() string {
+	if x != nil {
+		return x.Health
+	}
+	return ""
+}
+
+// PowerSyncReport carries the agent's latest power observation of each
+// node polled (or contacted by an operation) since the previous report.
+type PowerSyncReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Observations  []*NodeObservation     `protobuf:"bytes,1,rep,name=observations,proto3" json:"observations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PowerSyncReport) Reset() {
+	*x = PowerSyncReport{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerSyncReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerSyncReport) ProtoMessage() {}
+
+func (x *PowerSyncReport) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerSyncReport.ProtoReflect.Descriptor instead.
+func (*PowerSyncReport) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *PowerSyncReport) GetObservations() []*NodeObservation {
+	if x != nil {
+		return x.Observations
+	}
+	return nil
+}
+
+type NodeObservation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// key is the registration the reading is for (Node.key).
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// power_state is "on", "off" or "" when the read failed.
+	PowerState string `protobuf:"bytes,3,opt,name=power_state,json=powerState,proto3" json:"power_state,omitempty"`
+	// health is "ok", "degraded" or "unreachable".
+	Health       string `protobuf:"bytes,4,opt,name=health,proto3" json:"health,omitempty"`
+	ErrorClass   string `protobuf:"bytes,5,opt,name=error_class,json=errorClass,proto3" json:"error_class,omitempty"`
+	ErrorMessage string `protobuf:"bytes,6,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	// read_unix_nano is when the BMC was asked (the agent's clock).
+	ReadUnixNano int64 `protobuf:"varint,7,opt,name=read_unix_nano,json=readUnixNano,proto3" json:"read_unix_nano,omitempty"`
+	// last_contact_unix_nano is the last successful contact with the BMC.
+	LastContactUnixNano int64 `protobuf:"varint,8,opt,name=last_contact_unix_nano,json=lastContactUnixNano,proto3" json:"last_contact_unix_nano,omitempty"`
+	// failures is the number of consecutive failed contacts.
+	Failures  uint32 `protobuf:"varint,9,opt,name=failures,proto3" json:"failures,omitempty"`
+	LatencyNs int64  `protobuf:"varint,10,opt,name=latency_ns,json=latencyNs,proto3" json:"latency_ns,omitempty"`
+	// source is "sync" or "operation".
+	Source        string `protobuf:"bytes,11,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeObservation) Reset() {
+	*x = NodeObservation{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeObservation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeObservation) ProtoMessage() {}
+
+func (x *NodeObservation) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeObservation.ProtoReflect.Descriptor instead.
+func (*NodeObservation) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *NodeObservation) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeObservation) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *NodeObservation) GetPowerState() string {
+	if x != nil {
+		return x.PowerState
+	}
+	return ""
+}
+
+func (x *NodeObservation) GetHealth() string {
+	if x != nil {
+		return x.Health
+	}
+	return ""
+}
+
+func (x *NodeObservation) GetErrorClass() string {
+	if x != nil {
+		return x.ErrorClass
+	}
+	return ""
+}
+
+func (x *NodeObservation) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+func (x *NodeObservation) GetReadUnixNano() int64 {
+	if x != nil {
+		return x.ReadUnixNano
+	}
+	return 0
+}
+
+func (x *NodeObservation) GetLastContactUnixNano() int64 {
+	if x != nil {
+		return x.LastContactUnixNano
+	}
+	return 0
+}
+
+func (x *NodeObservation) GetFailures() uint32 {
+	if x != nil {
+		return x.Failures
+	}
+	return 0
+}
+
+func (x *NodeObservation) GetLatencyNs() int64 {
+	if x != nil {
+		return x.LatencyNs
+	}
+	return 0
+}
+
+func (x *NodeObservation) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
 var File_internal_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_internal_agentpb_agent_proto_rawDesc = "" +
@@ -3110,7 +3431,7 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
 	"\x04read\x18\x03 \x01(\bR\x04read\x12\x10\n" +
 	"\x03eof\x18\x04 \x01(\bR\x03eof\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\xc6\x03\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\x96\x04\n" +
 	"\fAgentMessage\x12.\n" +
 	"\x05hello\x18\x01 \x01(\v2\x16.obmesh.agent.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\x06result\x18\x02 \x01(\v2 .obmesh.agent.v1.OperationResultH\x00R\x06result\x12:\n" +
@@ -3121,8 +3442,9 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\vfate_report\x18\x06 \x01(\v2\x1b.obmesh.agent.v1.FateReportH\x00R\n" +
 	"fateReport\x12D\n" +
 	"\rdriver_report\x18\n" +
-	" \x01(\v2\x1d.obmesh.agent.v1.DriverReportH\x00R\fdriverReportB\x05\n" +
-	"\x03msg\"\xb6\x03\n" +
+	" \x01(\v2\x1d.obmesh.agent.v1.DriverReportH\x00R\fdriverReport\x12N\n" +
+	"\x11power_sync_report\x18\v \x01(\v2 .obmesh.agent.v1.PowerSyncReportH\x00R\x0fpowerSyncReportB\x05\n" +
+	"\x03msg\"\xfd\x03\n" +
 	"\x12CoordinatorMessage\x124\n" +
 	"\awelcome\x18\x01 \x01(\v2\x18.obmesh.agent.v1.WelcomeH\x00R\awelcome\x12:\n" +
 	"\toperation\x18\x02 \x01(\v2\x1a.obmesh.agent.v1.OperationH\x00R\toperation\x121\n" +
@@ -3132,7 +3454,9 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
 	"result_ack\x18\x06 \x01(\v2\x1a.obmesh.agent.v1.ResultAckH\x00R\tresultAck\x12;\n" +
 	"\n" +
-	"fate_query\x18\a \x01(\v2\x1a.obmesh.agent.v1.FateQueryH\x00R\tfateQueryB\x05\n" +
+	"fate_query\x18\a \x01(\v2\x1a.obmesh.agent.v1.FateQueryH\x00R\tfateQuery\x12E\n" +
+	"\n" +
+	"power_sync\x18\b \x01(\v2$.obmesh.agent.v1.PowerSyncAssignmentH\x00R\tpowerSyncB\x05\n" +
 	"\x03msg\"\x9d\x02\n" +
 	"\x05Hello\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x14\n" +
@@ -3388,7 +3712,31 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	" \x01(\tR\bseverity\x12\x18\n" +
 	"\amessage\x18\v \x01(\tR\amessage\x12\x16\n" +
 	"\x06origin\x18\f \x01(\tR\x06origin\x12\x1c\n" +
-	"\ttimestamp\x18\r \x01(\tR\ttimestamp2\xab\x01\n" +
+	"\ttimestamp\x18\r \x01(\tR\ttimestamp\"k\n" +
+	"\x13PowerSyncAssignment\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12:\n" +
+	"\atargets\x18\x02 \x03(\v2 .obmesh.agent.v1.PowerSyncTargetR\atargets\"T\n" +
+	"\x0fPowerSyncTarget\x12)\n" +
+	"\x04node\x18\x01 \x01(\v2\x15.obmesh.agent.v1.NodeR\x04node\x12\x16\n" +
+	"\x06health\x18\x02 \x01(\tR\x06health\"W\n" +
+	"\x0fPowerSyncReport\x12D\n" +
+	"\fobservations\x18\x01 \x03(\v2 .obmesh.agent.v1.NodeObservationR\fobservations\"\xe4\x02\n" +
+	"\x0fNodeObservation\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1f\n" +
+	"\vpower_state\x18\x03 \x01(\tR\n" +
+	"powerState\x12\x16\n" +
+	"\x06health\x18\x04 \x01(\tR\x06health\x12\x1f\n" +
+	"\verror_class\x18\x05 \x01(\tR\n" +
+	"errorClass\x12#\n" +
+	"\rerror_message\x18\x06 \x01(\tR\ferrorMessage\x12$\n" +
+	"\x0eread_unix_nano\x18\a \x01(\x03R\freadUnixNano\x123\n" +
+	"\x16last_contact_unix_nano\x18\b \x01(\x03R\x13lastContactUnixNano\x12\x1a\n" +
+	"\bfailures\x18\t \x01(\rR\bfailures\x12\x1d\n" +
+	"\n" +
+	"latency_ns\x18\n" +
+	" \x01(\x03R\tlatencyNs\x12\x16\n" +
+	"\x06source\x18\v \x01(\tR\x06source2\xab\x01\n" +
 	"\tAgentLink\x12Q\n" +
 	"\aConnect\x12\x1d.obmesh.agent.v1.AgentMessage\x1a#.obmesh.agent.v1.CoordinatorMessage(\x010\x01\x12K\n" +
 	"\aConsole\x12\x1d.obmesh.agent.v1.ConsoleFrame\x1a\x1d.obmesh.agent.v1.ConsoleFrame(\x010\x01B+Z)github.com/obmesh/obmesh/internal/agentpbb\x06proto3"
@@ -3405,7 +3753,7 @@ func file_internal_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_internal_agentpb_agent_proto_rawDescData
 }
 
-var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*ConsoleFrame)(nil),         // 0: obmesh.agent.v1.ConsoleFrame
 	(*AgentMessage)(nil),         // 1: obmesh.agent.v1.AgentMessage
@@ -3443,10 +3791,14 @@ var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*RelayNodeStats)(nil),       // 33: obmesh.agent.v1.RelayNodeStats
 	(*RelayNotice)(nil),          // 34: obmesh.agent.v1.RelayNotice
 	(*RelayEvent)(nil),           // 35: obmesh.agent.v1.RelayEvent
-	nil,                          // 36: obmesh.agent.v1.Node.OptionsEntry
-	nil,                          // 37: obmesh.agent.v1.OperationResult.IdentityEntry
-	nil,                          // 38: obmesh.agent.v1.EventSpec.HeadersEntry
-	nil,                          // 39: obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	(*PowerSyncAssignment)(nil),  // 36: obmesh.agent.v1.PowerSyncAssignment
+	(*PowerSyncTarget)(nil),      // 37: obmesh.agent.v1.PowerSyncTarget
+	(*PowerSyncReport)(nil),      // 38: obmesh.agent.v1.PowerSyncReport
+	(*NodeObservation)(nil),      // 39: obmesh.agent.v1.NodeObservation
+	nil,                          // 40: obmesh.agent.v1.Node.OptionsEntry
+	nil,                          // 41: obmesh.agent.v1.OperationResult.IdentityEntry
+	nil,                          // 42: obmesh.agent.v1.EventSpec.HeadersEntry
+	nil,                          // 43: obmesh.agent.v1.RelaySubscriber.HeadersEntry
 }
 var file_internal_agentpb_agent_proto_depIdxs = []int32{
 	3,  // 0: obmesh.agent.v1.AgentMessage.hello:type_name -> obmesh.agent.v1.Hello
@@ -3456,47 +3808,52 @@ var file_internal_agentpb_agent_proto_depIdxs = []int32{
 	35, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
 	14, // 5: obmesh.agent.v1.AgentMessage.fate_report:type_name -> obmesh.agent.v1.FateReport
 	5,  // 6: obmesh.agent.v1.AgentMessage.driver_report:type_name -> obmesh.agent.v1.DriverReport
-	6,  // 7: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
-	10, // 8: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
-	11, // 9: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
-	7,  // 10: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
-	28, // 11: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
-	12, // 12: obmesh.agent.v1.CoordinatorMessage.result_ack:type_name -> obmesh.agent.v1.ResultAck
-	13, // 13: obmesh.agent.v1.CoordinatorMessage.fate_query:type_name -> obmesh.agent.v1.FateQuery
-	4,  // 14: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
-	4,  // 15: obmesh.agent.v1.DriverReport.drivers:type_name -> obmesh.agent.v1.Driver
-	36, // 16: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
-	9,  // 17: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
-	19, // 18: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
-	25, // 19: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
-	15, // 20: obmesh.agent.v1.FateReport.fates:type_name -> obmesh.agent.v1.Fate
-	37, // 21: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
-	24, // 22: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
-	27, // 23: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
-	18, // 24: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
-	17, // 25: obmesh.agent.v1.OperationResult.boot:type_name -> obmesh.agent.v1.BootSetting
-	20, // 26: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
-	21, // 27: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
-	38, // 28: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
-	22, // 29: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
-	23, // 30: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
-	23, // 31: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
-	26, // 32: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
-	29, // 33: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
-	30, // 34: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
-	39, // 35: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
-	32, // 36: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
-	33, // 37: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
-	34, // 38: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
-	1,  // 39: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
-	0,  // 40: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
-	2,  // 41: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
-	0,  // 42: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
-	41, // [41:43] is the sub-list for method output_type
-	39, // [39:41] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	38, // 7: obmesh.agent.v1.AgentMessage.power_sync_report:type_name -> obmesh.agent.v1.PowerSyncReport
+	6,  // 8: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
+	10, // 9: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
+	11, // 10: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
+	7,  // 11: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
+	28, // 12: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
+	12, // 13: obmesh.agent.v1.CoordinatorMessage.result_ack:type_name -> obmesh.agent.v1.ResultAck
+	13, // 14: obmesh.agent.v1.CoordinatorMessage.fate_query:type_name -> obmesh.agent.v1.FateQuery
+	36, // 15: obmesh.agent.v1.CoordinatorMessage.power_sync:type_name -> obmesh.agent.v1.PowerSyncAssignment
+	4,  // 16: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
+	4,  // 17: obmesh.agent.v1.DriverReport.drivers:type_name -> obmesh.agent.v1.Driver
+	40, // 18: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
+	9,  // 19: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
+	19, // 20: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
+	25, // 21: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
+	15, // 22: obmesh.agent.v1.FateReport.fates:type_name -> obmesh.agent.v1.Fate
+	41, // 23: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
+	24, // 24: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
+	27, // 25: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
+	18, // 26: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
+	17, // 27: obmesh.agent.v1.OperationResult.boot:type_name -> obmesh.agent.v1.BootSetting
+	20, // 28: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
+	21, // 29: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
+	42, // 30: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
+	22, // 31: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
+	23, // 32: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
+	23, // 33: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
+	26, // 34: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
+	29, // 35: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
+	30, // 36: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
+	43, // 37: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	32, // 38: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
+	33, // 39: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
+	34, // 40: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
+	37, // 41: obmesh.agent.v1.PowerSyncAssignment.targets:type_name -> obmesh.agent.v1.PowerSyncTarget
+	9,  // 42: obmesh.agent.v1.PowerSyncTarget.node:type_name -> obmesh.agent.v1.Node
+	39, // 43: obmesh.agent.v1.PowerSyncReport.observations:type_name -> obmesh.agent.v1.NodeObservation
+	1,  // 44: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
+	0,  // 45: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
+	2,  // 46: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
+	0,  // 47: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
+	46, // [46:48] is the sub-list for method output_type
+	44, // [44:46] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_internal_agentpb_agent_proto_init() }
@@ -3512,6 +3869,7 @@ func file_internal_agentpb_agent_proto_init() {
 		(*AgentMessage_RelayEvent)(nil),
 		(*AgentMessage_FateReport)(nil),
 		(*AgentMessage_DriverReport)(nil),
+		(*AgentMessage_PowerSyncReport)(nil),
 	}
 	file_internal_agentpb_agent_proto_msgTypes[2].OneofWrappers = []any{
 		(*CoordinatorMessage_Welcome)(nil),
@@ -3521,6 +3879,7 @@ func file_internal_agentpb_agent_proto_init() {
 		(*CoordinatorMessage_RelayConfig)(nil),
 		(*CoordinatorMessage_ResultAck)(nil),
 		(*CoordinatorMessage_FateQuery)(nil),
+		(*CoordinatorMessage_PowerSync)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3528,7 +3887,7 @@ func file_internal_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_agentpb_agent_proto_rawDesc), len(file_internal_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
