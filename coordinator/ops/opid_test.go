@@ -35,7 +35,11 @@ type gateDispatcher struct {
 
 func (d gateDispatcher) Dispatch(ctx context.Context, site, driver string, op *agentpb.Operation) (agentsvc.Result, error) {
 	d.started <- op.Id
-	<-d.release
+	select {
+	case <-d.release:
+	case <-ctx.Done():
+		return agentsvc.Result{}, ctx.Err()
+	}
 	return agentsvc.Result{OperationResult: &agentpb.OperationResult{Id: op.Id, Ok: true, PowerState: "state-of-" + op.Id}, Agent: "a1"}, nil
 }
 
@@ -64,8 +68,13 @@ func TestOperationIDs_RepeatedIDWaitsForTheFirst(t *testing.T) {
 		rec, err := r.Do(context.Background(), Request{ID: fwdID, Node: "n1", Action: ActPowerStatus})
 		first <- out{rec.State, rec.ID, err}
 	}()
-	if got := <-d.started; got != fwdID {
-		t.Fatalf("the first operation runs as %s, want %s", got, fwdID)
+	select {
+	case got := <-d.started:
+		if got != fwdID {
+			t.Fatalf("the first operation runs as %s, want %s", got, fwdID)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first operation did not reach the dispatcher within 30s")
 	}
 	go func() {
 		rec, err := r.Do(context.Background(), Request{ID: fwdID, Node: "n1", Action: ActPowerStatus})
@@ -82,8 +91,13 @@ func TestOperationIDs_RepeatedIDWaitsForTheFirst(t *testing.T) {
 	}
 	close(d.release)
 	for _, ch := range []chan out{first, second} {
-		if o := <-ch; o.err != nil || o.id != fwdID || o.state != "state-of-"+fwdID {
-			t.Fatalf("operation = %+v, want the first one's receipt", o)
+		select {
+		case o := <-ch:
+			if o.err != nil || o.id != fwdID || o.state != "state-of-"+fwdID {
+				t.Fatalf("operation = %+v, want the first one's receipt", o)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("an operation did not answer within 30s of the dispatcher's release")
 		}
 	}
 	select {

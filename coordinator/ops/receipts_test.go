@@ -261,7 +261,11 @@ func TestReceipts_ConcurrentSameKeyRunsOnce(t *testing.T) {
 	st := newStateStore(t)
 	release := make(chan struct{})
 	d := &recDispatcher{answer: func(op *agentpb.Operation) (agentsvc.Result, error) {
-		<-release
+		select {
+		case <-release:
+		case <-time.After(30 * time.Second):
+			return agentsvc.Result{}, errors.New("the test did not release the operation within 30s")
+		}
 		return okResult(op)
 	}}
 	r := New(Config{}, st, nil, d, epoch1{}, st, logging.Discard())

@@ -122,7 +122,11 @@ func TestIPMISim_SOLRoundTrip(t *testing.T) {
 		case <-done:
 		case <-time.After(15 * time.Second):
 			c.Close()
-			<-done
+			select {
+			case <-done:
+			case <-time.After(15 * time.Second):
+				t.Fatalf("round %d: no echo, and the console read did not end within 15s of its close", round)
+			}
 			t.Fatalf("round %d: no echo; console said %q", round, got.String())
 		}
 		if !echoed(got.String()) {

@@ -95,7 +95,16 @@ func wire(t *testing.T, d Driver) (Driver, func()) {
 		t.Fatal(err)
 	}
 	var once sync.Once
-	stop := func() { once.Do(func() { s.Stop(); <-done }) }
+	stop := func() {
+		once.Do(func() {
+			s.Stop()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				t.Error("the plugin's gRPC server did not stop within 30s")
+			}
+		})
+	}
 	t.Cleanup(func() { conn.Close(); stop() })
 	return &remoteDriver{c: driverpb.NewDriverClient(conn)}, stop
 }
@@ -177,7 +186,11 @@ func TestEvents_PluginDeathMakesCreateAmbiguous(t *testing.T) {
 	d, stop := wire(t, fakeDriver{f})
 	ev := openEvents(t, d)
 	go func() {
-		<-f.entered
+		select {
+		case <-f.entered:
+		case <-time.After(30 * time.Second):
+			t.Error("the create did not reach the plugin within 30s")
+		}
 		stop() // the plugin goes away with the create in flight
 	}()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
