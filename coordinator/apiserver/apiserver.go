@@ -157,8 +157,7 @@ func (s *Server) handle(pattern string, h func(http.ResponseWriter, *http.Reques
 
 // authorized compares the bearer token in constant time.
 func (s *Server) authorized(r *http.Request) bool {
-	h := r.Header.Get("Authorization")
-	tok, ok := strings.CutPrefix(h, "Bearer ")
+	tok, ok := bearerToken(r)
 	if !ok || s.cfg.AdminToken == "" {
 		return false
 	}
@@ -587,7 +586,7 @@ func (s *Server) console(w http.ResponseWriter, r *http.Request) error {
 		return &receiptError{err: err, receipt: rec}
 	}
 	defer con.Close()
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, Subprotocols: consoleProtocols})
 	if err != nil {
 		return nil // Accept wrote the answer
 	}
