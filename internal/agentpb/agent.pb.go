@@ -296,6 +296,7 @@ type CoordinatorMessage struct {
 	//	*CoordinatorMessage_ResultAck
 	//	*CoordinatorMessage_FateQuery
 	//	*CoordinatorMessage_PowerSync
+	//	*CoordinatorMessage_HeartbeatAck
 	Msg           isCoordinatorMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -410,6 +411,15 @@ func (x *CoordinatorMessage) GetPowerSync() *PowerSyncAssignment {
 	return nil
 }
 
+func (x *CoordinatorMessage) GetHeartbeatAck() *HeartbeatAck {
+	if x != nil {
+		if x, ok := x.Msg.(*CoordinatorMessage_HeartbeatAck); ok {
+			return x.HeartbeatAck
+		}
+	}
+	return nil
+}
+
 type isCoordinatorMessage_Msg interface {
 	isCoordinatorMessage_Msg()
 }
@@ -446,6 +456,10 @@ type CoordinatorMessage_PowerSync struct {
 	PowerSync *PowerSyncAssignment `protobuf:"bytes,8,opt,name=power_sync,json=powerSync,proto3,oneof"`
 }
 
+type CoordinatorMessage_HeartbeatAck struct {
+	HeartbeatAck *HeartbeatAck `protobuf:"bytes,9,opt,name=heartbeat_ack,json=heartbeatAck,proto3,oneof"`
+}
+
 func (*CoordinatorMessage_Welcome) isCoordinatorMessage_Msg() {}
 
 func (*CoordinatorMessage_Operation) isCoordinatorMessage_Msg() {}
@@ -461,6 +475,8 @@ func (*CoordinatorMessage_ResultAck) isCoordinatorMessage_Msg() {}
 func (*CoordinatorMessage_FateQuery) isCoordinatorMessage_Msg() {}
 
 func (*CoordinatorMessage_PowerSync) isCoordinatorMessage_Msg() {}
+
+func (*CoordinatorMessage_HeartbeatAck) isCoordinatorMessage_Msg() {}
 
 // Hello announces the agent.
 type Hello struct {
@@ -478,8 +494,12 @@ type Hello struct {
 	// plugin_warnings are problems with the agent's plugin directory (a
 	// missing directory, a file that is not executable, a built-in's name).
 	PluginWarnings []string `protobuf:"bytes,8,rep,name=plugin_warnings,json=pluginWarnings,proto3" json:"plugin_warnings,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// sent_mono_ns is the agent's monotonic clock when it sent the hello
+	// (nanoseconds from an origin of the agent process's own; only that
+	// process reads it): the coordinator echoes it in Welcome.heard_mono_ns.
+	SentMonoNs    int64 `protobuf:"varint,9,opt,name=sent_mono_ns,json=sentMonoNs,proto3" json:"sent_mono_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -566,6 +586,13 @@ func (x *Hello) GetPluginWarnings() []string {
 		return x.PluginWarnings
 	}
 	return nil
+}
+
+func (x *Hello) GetSentMonoNs() int64 {
+	if x != nil {
+		return x.SentMonoNs
+	}
+	return 0
 }
 
 // Driver is one of the agent's drivers and its health.
@@ -740,8 +767,18 @@ type Welcome struct {
 	CoordinatorId string `protobuf:"bytes,2,opt,name=coordinator_id,json=coordinatorId,proto3" json:"coordinator_id,omitempty"`
 	// heartbeat_interval_ms is how often the agent must send a heartbeat.
 	HeartbeatIntervalMs int64 `protobuf:"varint,3,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// heard_mono_ns echoes Hello.sent_mono_ns; lost_after_ms is how long the
+	// coordinator waits, after it last heard from the agent, before it gives
+	// the agent (and its operations in flight) up. With both, the agent
+	// refuses to begin an operation of this link once lost_after (less a
+	// margin) has passed on its own clock since the latest message the
+	// coordinator said it heard (this, then each HeartbeatAck): the
+	// coordinator may have answered "unknown" by then. Zero lost_after_ms: no
+	// such fence (an older coordinator).
+	HeardMonoNs   int64 `protobuf:"varint,4,opt,name=heard_mono_ns,json=heardMonoNs,proto3" json:"heard_mono_ns,omitempty"`
+	LostAfterMs   int64 `protobuf:"varint,5,opt,name=lost_after_ms,json=lostAfterMs,proto3" json:"lost_after_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -795,6 +832,66 @@ func (x *Welcome) GetHeartbeatIntervalMs() int64 {
 	return 0
 }
 
+func (x *Welcome) GetHeardMonoNs() int64 {
+	if x != nil {
+		return x.HeardMonoNs
+	}
+	return 0
+}
+
+func (x *Welcome) GetLostAfterMs() int64 {
+	if x != nil {
+		return x.LostAfterMs
+	}
+	return 0
+}
+
+// HeartbeatAck tells the agent that the coordinator received the heartbeat
+// stamped heard_mono_ns (Heartbeat.sent_mono_ns, echoed).
+type HeartbeatAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HeardMonoNs   int64                  `protobuf:"varint,1,opt,name=heard_mono_ns,json=heardMonoNs,proto3" json:"heard_mono_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatAck) Reset() {
+	*x = HeartbeatAck{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatAck) ProtoMessage() {}
+
+func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
+func (*HeartbeatAck) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *HeartbeatAck) GetHeardMonoNs() int64 {
+	if x != nil {
+		return x.HeardMonoNs
+	}
+	return 0
+}
+
 // Redirect tells the agent that this coordinator is not the leader.
 type Redirect struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -806,7 +903,7 @@ type Redirect struct {
 
 func (x *Redirect) Reset() {
 	*x = Redirect{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -818,7 +915,7 @@ func (x *Redirect) String() string {
 func (*Redirect) ProtoMessage() {}
 
 func (x *Redirect) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -831,7 +928,7 @@ func (x *Redirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
 func (*Redirect) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Redirect) GetLeader() string {
@@ -842,15 +939,18 @@ func (x *Redirect) GetLeader() string {
 }
 
 type Heartbeat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SentUnixNano  int64                  `protobuf:"varint,1,opt,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SentUnixNano int64                  `protobuf:"varint,1,opt,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
+	// sent_mono_ns is the agent's monotonic clock when it sent the heartbeat
+	// (see Hello.sent_mono_ns); the coordinator echoes it in a HeartbeatAck.
+	SentMonoNs    int64 `protobuf:"varint,2,opt,name=sent_mono_ns,json=sentMonoNs,proto3" json:"sent_mono_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +962,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,12 +975,19 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Heartbeat) GetSentUnixNano() int64 {
 	if x != nil {
 		return x.SentUnixNano
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetSentMonoNs() int64 {
+	if x != nil {
+		return x.SentMonoNs
 	}
 	return 0
 }
@@ -903,7 +1010,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1022,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1035,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Node) GetName() string {
@@ -1019,7 +1126,7 @@ type Operation struct {
 
 func (x *Operation) Reset() {
 	*x = Operation{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1138,7 @@ func (x *Operation) String() string {
 func (*Operation) ProtoMessage() {}
 
 func (x *Operation) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1151,7 @@ func (x *Operation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Operation.ProtoReflect.Descriptor instead.
 func (*Operation) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Operation) GetId() string {
@@ -1133,7 +1240,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1145,7 +1252,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1158,7 +1265,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Cancel) GetId() string {
@@ -1180,7 +1287,7 @@ type ResultAck struct {
 
 func (x *ResultAck) Reset() {
 	*x = ResultAck{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1299,7 @@ func (x *ResultAck) String() string {
 func (*ResultAck) ProtoMessage() {}
 
 func (x *ResultAck) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1312,7 @@ func (x *ResultAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultAck.ProtoReflect.Descriptor instead.
 func (*ResultAck) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ResultAck) GetIds() []string {
@@ -1230,7 +1337,7 @@ type FateQuery struct {
 
 func (x *FateQuery) Reset() {
 	*x = FateQuery{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1349,7 @@ func (x *FateQuery) String() string {
 func (*FateQuery) ProtoMessage() {}
 
 func (x *FateQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1362,7 @@ func (x *FateQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FateQuery.ProtoReflect.Descriptor instead.
 func (*FateQuery) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FateQuery) GetIds() []string {
@@ -1283,7 +1390,7 @@ type FateReport struct {
 
 func (x *FateReport) Reset() {
 	*x = FateReport{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1402,7 @@ func (x *FateReport) String() string {
 func (*FateReport) ProtoMessage() {}
 
 func (x *FateReport) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1415,7 @@ func (x *FateReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FateReport.ProtoReflect.Descriptor instead.
 func (*FateReport) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FateReport) GetFates() []*Fate {
@@ -1334,7 +1441,7 @@ type Fate struct {
 
 func (x *Fate) Reset() {
 	*x = Fate{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1453,7 @@ func (x *Fate) String() string {
 func (*Fate) ProtoMessage() {}
 
 func (x *Fate) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1466,7 @@ func (x *Fate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fate.ProtoReflect.Descriptor instead.
 func (*Fate) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Fate) GetId() string {
@@ -1405,7 +1512,7 @@ type OperationResult struct {
 
 func (x *OperationResult) Reset() {
 	*x = OperationResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1524,7 @@ func (x *OperationResult) String() string {
 func (*OperationResult) ProtoMessage() {}
 
 func (x *OperationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1537,7 @@ func (x *OperationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationResult.ProtoReflect.Descriptor instead.
 func (*OperationResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *OperationResult) GetId() string {
@@ -1547,7 +1654,7 @@ type BootSetting struct {
 
 func (x *BootSetting) Reset() {
 	*x = BootSetting{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1666,7 @@ func (x *BootSetting) String() string {
 func (*BootSetting) ProtoMessage() {}
 
 func (x *BootSetting) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1679,7 @@ func (x *BootSetting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootSetting.ProtoReflect.Descriptor instead.
 func (*BootSetting) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BootSetting) GetDevice() string {
@@ -1614,7 +1721,7 @@ type PowerObservation struct {
 
 func (x *PowerObservation) Reset() {
 	*x = PowerObservation{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1733,7 @@ func (x *PowerObservation) String() string {
 func (*PowerObservation) ProtoMessage() {}
 
 func (x *PowerObservation) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1746,7 @@ func (x *PowerObservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerObservation.ProtoReflect.Descriptor instead.
 func (*PowerObservation) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PowerObservation) GetState() string {
@@ -1671,7 +1778,7 @@ type EventRequest struct {
 
 func (x *EventRequest) Reset() {
 	*x = EventRequest{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1683,7 +1790,7 @@ func (x *EventRequest) String() string {
 func (*EventRequest) ProtoMessage() {}
 
 func (x *EventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1696,7 +1803,7 @@ func (x *EventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventRequest.ProtoReflect.Descriptor instead.
 func (*EventRequest) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EventRequest) GetUri() string {
@@ -1743,7 +1850,7 @@ type EventSpec struct {
 
 func (x *EventSpec) Reset() {
 	*x = EventSpec{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +1862,7 @@ func (x *EventSpec) String() string {
 func (*EventSpec) ProtoMessage() {}
 
 func (x *EventSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +1875,7 @@ func (x *EventSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventSpec.ProtoReflect.Descriptor instead.
 func (*EventSpec) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EventSpec) GetDestination() string {
@@ -1839,7 +1946,7 @@ type TestEvent struct {
 
 func (x *TestEvent) Reset() {
 	*x = TestEvent{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +1958,7 @@ func (x *TestEvent) String() string {
 func (*TestEvent) ProtoMessage() {}
 
 func (x *TestEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +1971,7 @@ func (x *TestEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TestEvent.ProtoReflect.Descriptor instead.
 func (*TestEvent) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TestEvent) GetEventType() string {
@@ -1913,7 +2020,7 @@ type EventCapabilities struct {
 
 func (x *EventCapabilities) Reset() {
 	*x = EventCapabilities{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1925,7 +2032,7 @@ func (x *EventCapabilities) String() string {
 func (*EventCapabilities) ProtoMessage() {}
 
 func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1938,7 +2045,7 @@ func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventCapabilities.ProtoReflect.Descriptor instead.
 func (*EventCapabilities) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EventCapabilities) GetServiceEnabled() bool {
@@ -2027,7 +2134,7 @@ type BMCSubscription struct {
 
 func (x *BMCSubscription) Reset() {
 	*x = BMCSubscription{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2039,7 +2146,7 @@ func (x *BMCSubscription) String() string {
 func (*BMCSubscription) ProtoMessage() {}
 
 func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2052,7 +2159,7 @@ func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BMCSubscription.ProtoReflect.Descriptor instead.
 func (*BMCSubscription) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *BMCSubscription) GetUri() string {
@@ -2127,7 +2234,7 @@ type EventResult struct {
 
 func (x *EventResult) Reset() {
 	*x = EventResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2246,7 @@ func (x *EventResult) String() string {
 func (*EventResult) ProtoMessage() {}
 
 func (x *EventResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2259,7 @@ func (x *EventResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventResult.ProtoReflect.Descriptor instead.
 func (*EventResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *EventResult) GetCapabilities() *EventCapabilities {
@@ -2207,7 +2314,7 @@ type RelayRequest struct {
 
 func (x *RelayRequest) Reset() {
 	*x = RelayRequest{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2219,7 +2326,7 @@ func (x *RelayRequest) String() string {
 func (*RelayRequest) ProtoMessage() {}
 
 func (x *RelayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2232,7 +2339,7 @@ func (x *RelayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayRequest.ProtoReflect.Descriptor instead.
 func (*RelayRequest) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RelayRequest) GetSubscriptionId() string {
@@ -2266,7 +2373,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2385,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2398,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -2367,7 +2474,7 @@ type RelayResult struct {
 
 func (x *RelayResult) Reset() {
 	*x = RelayResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2379,7 +2486,7 @@ func (x *RelayResult) String() string {
 func (*RelayResult) ProtoMessage() {}
 
 func (x *RelayResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2392,7 +2499,7 @@ func (x *RelayResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayResult.ProtoReflect.Descriptor instead.
 func (*RelayResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RelayResult) GetDeadLetters() []*DeadLetter {
@@ -2423,7 +2530,7 @@ type RelayConfig struct {
 
 func (x *RelayConfig) Reset() {
 	*x = RelayConfig{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2435,7 +2542,7 @@ func (x *RelayConfig) String() string {
 func (*RelayConfig) ProtoMessage() {}
 
 func (x *RelayConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2448,7 +2555,7 @@ func (x *RelayConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayConfig.ProtoReflect.Descriptor instead.
 func (*RelayConfig) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RelayConfig) GetVersion() uint64 {
@@ -2476,7 +2583,7 @@ type RelayNode struct {
 
 func (x *RelayNode) Reset() {
 	*x = RelayNode{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2488,7 +2595,7 @@ func (x *RelayNode) String() string {
 func (*RelayNode) ProtoMessage() {}
 
 func (x *RelayNode) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2501,7 +2608,7 @@ func (x *RelayNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNode.ProtoReflect.Descriptor instead.
 func (*RelayNode) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RelayNode) GetName() string {
@@ -2546,7 +2653,7 @@ type RelaySubscriber struct {
 
 func (x *RelaySubscriber) Reset() {
 	*x = RelaySubscriber{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2558,7 +2665,7 @@ func (x *RelaySubscriber) String() string {
 func (*RelaySubscriber) ProtoMessage() {}
 
 func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2571,7 +2678,7 @@ func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelaySubscriber.ProtoReflect.Descriptor instead.
 func (*RelaySubscriber) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RelaySubscriber) GetId() string {
@@ -2682,7 +2789,7 @@ type RelayReport struct {
 
 func (x *RelayReport) Reset() {
 	*x = RelayReport{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2694,7 +2801,7 @@ func (x *RelayReport) String() string {
 func (*RelayReport) ProtoMessage() {}
 
 func (x *RelayReport) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2707,7 +2814,7 @@ func (x *RelayReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayReport.ProtoReflect.Descriptor instead.
 func (*RelayReport) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RelayReport) GetSubscribers() []*RelaySubscriberStats {
@@ -2754,7 +2861,7 @@ type RelaySubscriberStats struct {
 
 func (x *RelaySubscriberStats) Reset() {
 	*x = RelaySubscriberStats{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2766,7 +2873,7 @@ func (x *RelaySubscriberStats) String() string {
 func (*RelaySubscriberStats) ProtoMessage() {}
 
 func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2779,7 +2886,7 @@ func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelaySubscriberStats.ProtoReflect.Descriptor instead.
 func (*RelaySubscriberStats) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{32}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RelaySubscriberStats) GetId() string {
@@ -2853,7 +2960,7 @@ type RelayNodeStats struct {
 
 func (x *RelayNodeStats) Reset() {
 	*x = RelayNodeStats{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2865,7 +2972,7 @@ func (x *RelayNodeStats) String() string {
 func (*RelayNodeStats) ProtoMessage() {}
 
 func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2878,7 +2985,7 @@ func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNodeStats.ProtoReflect.Descriptor instead.
 func (*RelayNodeStats) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RelayNodeStats) GetNode() string {
@@ -2942,7 +3049,7 @@ type RelayNotice struct {
 
 func (x *RelayNotice) Reset() {
 	*x = RelayNotice{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2954,7 +3061,7 @@ func (x *RelayNotice) String() string {
 func (*RelayNotice) ProtoMessage() {}
 
 func (x *RelayNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2967,7 +3074,7 @@ func (x *RelayNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNotice.ProtoReflect.Descriptor instead.
 func (*RelayNotice) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{34}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RelayNotice) GetNode() string {
@@ -3013,7 +3120,7 @@ type RelayEvent struct {
 
 func (x *RelayEvent) Reset() {
 	*x = RelayEvent{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[35]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3025,7 +3132,7 @@ func (x *RelayEvent) String() string {
 func (*RelayEvent) ProtoMessage() {}
 
 func (x *RelayEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[35]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3038,7 +3145,7 @@ func (x *RelayEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayEvent.ProtoReflect.Descriptor instead.
 func (*RelayEvent) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{35}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RelayEvent) GetId() string {
@@ -3147,7 +3254,7 @@ type PowerSyncAssignment struct {
 
 func (x *PowerSyncAssignment) Reset() {
 	*x = PowerSyncAssignment{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[36]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3159,7 +3266,7 @@ func (x *PowerSyncAssignment) String() string {
 func (*PowerSyncAssignment) ProtoMessage() {}
 
 func (x *PowerSyncAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[36]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3172,7 +3279,7 @@ func (x *PowerSyncAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSyncAssignment.ProtoReflect.Descriptor instead.
 func (*PowerSyncAssignment) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{36}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PowerSyncAssignment) GetVersion() uint64 {
@@ -3202,7 +3309,7 @@ type PowerSyncTarget struct {
 
 func (x *PowerSyncTarget) Reset() {
 	*x = PowerSyncTarget{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[37]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3214,7 +3321,7 @@ func (x *PowerSyncTarget) String() string {
 func (*PowerSyncTarget) ProtoMessage() {}
 
 func (x *PowerSyncTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[37]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3227,7 +3334,7 @@ func (x *PowerSyncTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSyncTarget.ProtoReflect.Descriptor instead.
 func (*PowerSyncTarget) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{37}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PowerSyncTarget) GetNode() *Node {
@@ -3255,7 +3362,7 @@ type PowerSyncReport struct {
 
 func (x *PowerSyncReport) Reset() {
 	*x = PowerSyncReport{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[38]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3267,7 +3374,7 @@ func (x *PowerSyncReport) String() string {
 func (*PowerSyncReport) ProtoMessage() {}
 
 func (x *PowerSyncReport) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[38]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3280,7 +3387,7 @@ func (x *PowerSyncReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSyncReport.ProtoReflect.Descriptor instead.
 func (*PowerSyncReport) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{38}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PowerSyncReport) GetObservations() []*NodeObservation {
@@ -3316,7 +3423,7 @@ type NodeObservation struct {
 
 func (x *NodeObservation) Reset() {
 	*x = NodeObservation{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[39]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3328,7 +3435,7 @@ func (x *NodeObservation) String() string {
 func (*NodeObservation) ProtoMessage() {}
 
 func (x *NodeObservation) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[39]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3341,7 +3448,7 @@ func (x *NodeObservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeObservation.ProtoReflect.Descriptor instead.
 func (*NodeObservation) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{39}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *NodeObservation) GetNode() string {
@@ -3444,7 +3551,7 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\rdriver_report\x18\n" +
 	" \x01(\v2\x1d.obmesh.agent.v1.DriverReportH\x00R\fdriverReport\x12N\n" +
 	"\x11power_sync_report\x18\v \x01(\v2 .obmesh.agent.v1.PowerSyncReportH\x00R\x0fpowerSyncReportB\x05\n" +
-	"\x03msg\"\xfd\x03\n" +
+	"\x03msg\"\xc3\x04\n" +
 	"\x12CoordinatorMessage\x124\n" +
 	"\awelcome\x18\x01 \x01(\v2\x18.obmesh.agent.v1.WelcomeH\x00R\awelcome\x12:\n" +
 	"\toperation\x18\x02 \x01(\v2\x1a.obmesh.agent.v1.OperationH\x00R\toperation\x121\n" +
@@ -3456,8 +3563,9 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
 	"fate_query\x18\a \x01(\v2\x1a.obmesh.agent.v1.FateQueryH\x00R\tfateQuery\x12E\n" +
 	"\n" +
-	"power_sync\x18\b \x01(\v2$.obmesh.agent.v1.PowerSyncAssignmentH\x00R\tpowerSyncB\x05\n" +
-	"\x03msg\"\x9d\x02\n" +
+	"power_sync\x18\b \x01(\v2$.obmesh.agent.v1.PowerSyncAssignmentH\x00R\tpowerSync\x12D\n" +
+	"\rheartbeat_ack\x18\t \x01(\v2\x1d.obmesh.agent.v1.HeartbeatAckH\x00R\fheartbeatAckB\x05\n" +
+	"\x03msg\"\xbf\x02\n" +
 	"\x05Hello\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x14\n" +
 	"\x05sites\x18\x02 \x03(\tR\x05sites\x121\n" +
@@ -3466,7 +3574,9 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\rhighest_epoch\x18\x05 \x01(\x04R\fhighestEpoch\x12\x1b\n" +
 	"\trelay_url\x18\x06 \x01(\tR\brelayUrl\x12+\n" +
 	"\x11relay_fingerprint\x18\a \x01(\tR\x10relayFingerprint\x12'\n" +
-	"\x0fplugin_warnings\x18\b \x03(\tR\x0epluginWarnings\"\xe5\x01\n" +
+	"\x0fplugin_warnings\x18\b \x03(\tR\x0epluginWarnings\x12 \n" +
+	"\fsent_mono_ns\x18\t \x01(\x03R\n" +
+	"sentMonoNs\"\xe5\x01\n" +
 	"\x06Driver\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
@@ -3478,15 +3588,21 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x14next_start_unix_nano\x18\b \x01(\x03R\x11nextStartUnixNano\"j\n" +
 	"\fDriverReport\x121\n" +
 	"\adrivers\x18\x01 \x03(\v2\x17.obmesh.agent.v1.DriverR\adrivers\x12'\n" +
-	"\x0fplugin_warnings\x18\x02 \x03(\tR\x0epluginWarnings\"z\n" +
+	"\x0fplugin_warnings\x18\x02 \x03(\tR\x0epluginWarnings\"\xc2\x01\n" +
 	"\aWelcome\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12%\n" +
 	"\x0ecoordinator_id\x18\x02 \x01(\tR\rcoordinatorId\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x03 \x01(\x03R\x13heartbeatIntervalMs\"\"\n" +
+	"\x15heartbeat_interval_ms\x18\x03 \x01(\x03R\x13heartbeatIntervalMs\x12\"\n" +
+	"\rheard_mono_ns\x18\x04 \x01(\x03R\vheardMonoNs\x12\"\n" +
+	"\rlost_after_ms\x18\x05 \x01(\x03R\vlostAfterMs\"2\n" +
+	"\fHeartbeatAck\x12\"\n" +
+	"\rheard_mono_ns\x18\x01 \x01(\x03R\vheardMonoNs\"\"\n" +
 	"\bRedirect\x12\x16\n" +
-	"\x06leader\x18\x01 \x01(\tR\x06leader\"1\n" +
+	"\x06leader\x18\x01 \x01(\tR\x06leader\"S\n" +
 	"\tHeartbeat\x12$\n" +
-	"\x0esent_unix_nano\x18\x01 \x01(\x03R\fsentUnixNano\"\xa4\x02\n" +
+	"\x0esent_unix_nano\x18\x01 \x01(\x03R\fsentUnixNano\x12 \n" +
+	"\fsent_mono_ns\x18\x02 \x01(\x03R\n" +
+	"sentMonoNs\"\xa4\x02\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
@@ -3753,7 +3869,7 @@ func file_internal_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_internal_agentpb_agent_proto_rawDescData
 }
 
-var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*ConsoleFrame)(nil),         // 0: obmesh.agent.v1.ConsoleFrame
 	(*AgentMessage)(nil),         // 1: obmesh.agent.v1.AgentMessage
@@ -3762,98 +3878,100 @@ var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*Driver)(nil),               // 4: obmesh.agent.v1.Driver
 	(*DriverReport)(nil),         // 5: obmesh.agent.v1.DriverReport
 	(*Welcome)(nil),              // 6: obmesh.agent.v1.Welcome
-	(*Redirect)(nil),             // 7: obmesh.agent.v1.Redirect
-	(*Heartbeat)(nil),            // 8: obmesh.agent.v1.Heartbeat
-	(*Node)(nil),                 // 9: obmesh.agent.v1.Node
-	(*Operation)(nil),            // 10: obmesh.agent.v1.Operation
-	(*Cancel)(nil),               // 11: obmesh.agent.v1.Cancel
-	(*ResultAck)(nil),            // 12: obmesh.agent.v1.ResultAck
-	(*FateQuery)(nil),            // 13: obmesh.agent.v1.FateQuery
-	(*FateReport)(nil),           // 14: obmesh.agent.v1.FateReport
-	(*Fate)(nil),                 // 15: obmesh.agent.v1.Fate
-	(*OperationResult)(nil),      // 16: obmesh.agent.v1.OperationResult
-	(*BootSetting)(nil),          // 17: obmesh.agent.v1.BootSetting
-	(*PowerObservation)(nil),     // 18: obmesh.agent.v1.PowerObservation
-	(*EventRequest)(nil),         // 19: obmesh.agent.v1.EventRequest
-	(*EventSpec)(nil),            // 20: obmesh.agent.v1.EventSpec
-	(*TestEvent)(nil),            // 21: obmesh.agent.v1.TestEvent
-	(*EventCapabilities)(nil),    // 22: obmesh.agent.v1.EventCapabilities
-	(*BMCSubscription)(nil),      // 23: obmesh.agent.v1.BMCSubscription
-	(*EventResult)(nil),          // 24: obmesh.agent.v1.EventResult
-	(*RelayRequest)(nil),         // 25: obmesh.agent.v1.RelayRequest
-	(*DeadLetter)(nil),           // 26: obmesh.agent.v1.DeadLetter
-	(*RelayResult)(nil),          // 27: obmesh.agent.v1.RelayResult
-	(*RelayConfig)(nil),          // 28: obmesh.agent.v1.RelayConfig
-	(*RelayNode)(nil),            // 29: obmesh.agent.v1.RelayNode
-	(*RelaySubscriber)(nil),      // 30: obmesh.agent.v1.RelaySubscriber
-	(*RelayReport)(nil),          // 31: obmesh.agent.v1.RelayReport
-	(*RelaySubscriberStats)(nil), // 32: obmesh.agent.v1.RelaySubscriberStats
-	(*RelayNodeStats)(nil),       // 33: obmesh.agent.v1.RelayNodeStats
-	(*RelayNotice)(nil),          // 34: obmesh.agent.v1.RelayNotice
-	(*RelayEvent)(nil),           // 35: obmesh.agent.v1.RelayEvent
-	(*PowerSyncAssignment)(nil),  // 36: obmesh.agent.v1.PowerSyncAssignment
-	(*PowerSyncTarget)(nil),      // 37: obmesh.agent.v1.PowerSyncTarget
-	(*PowerSyncReport)(nil),      // 38: obmesh.agent.v1.PowerSyncReport
-	(*NodeObservation)(nil),      // 39: obmesh.agent.v1.NodeObservation
-	nil,                          // 40: obmesh.agent.v1.Node.OptionsEntry
-	nil,                          // 41: obmesh.agent.v1.OperationResult.IdentityEntry
-	nil,                          // 42: obmesh.agent.v1.EventSpec.HeadersEntry
-	nil,                          // 43: obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	(*HeartbeatAck)(nil),         // 7: obmesh.agent.v1.HeartbeatAck
+	(*Redirect)(nil),             // 8: obmesh.agent.v1.Redirect
+	(*Heartbeat)(nil),            // 9: obmesh.agent.v1.Heartbeat
+	(*Node)(nil),                 // 10: obmesh.agent.v1.Node
+	(*Operation)(nil),            // 11: obmesh.agent.v1.Operation
+	(*Cancel)(nil),               // 12: obmesh.agent.v1.Cancel
+	(*ResultAck)(nil),            // 13: obmesh.agent.v1.ResultAck
+	(*FateQuery)(nil),            // 14: obmesh.agent.v1.FateQuery
+	(*FateReport)(nil),           // 15: obmesh.agent.v1.FateReport
+	(*Fate)(nil),                 // 16: obmesh.agent.v1.Fate
+	(*OperationResult)(nil),      // 17: obmesh.agent.v1.OperationResult
+	(*BootSetting)(nil),          // 18: obmesh.agent.v1.BootSetting
+	(*PowerObservation)(nil),     // 19: obmesh.agent.v1.PowerObservation
+	(*EventRequest)(nil),         // 20: obmesh.agent.v1.EventRequest
+	(*EventSpec)(nil),            // 21: obmesh.agent.v1.EventSpec
+	(*TestEvent)(nil),            // 22: obmesh.agent.v1.TestEvent
+	(*EventCapabilities)(nil),    // 23: obmesh.agent.v1.EventCapabilities
+	(*BMCSubscription)(nil),      // 24: obmesh.agent.v1.BMCSubscription
+	(*EventResult)(nil),          // 25: obmesh.agent.v1.EventResult
+	(*RelayRequest)(nil),         // 26: obmesh.agent.v1.RelayRequest
+	(*DeadLetter)(nil),           // 27: obmesh.agent.v1.DeadLetter
+	(*RelayResult)(nil),          // 28: obmesh.agent.v1.RelayResult
+	(*RelayConfig)(nil),          // 29: obmesh.agent.v1.RelayConfig
+	(*RelayNode)(nil),            // 30: obmesh.agent.v1.RelayNode
+	(*RelaySubscriber)(nil),      // 31: obmesh.agent.v1.RelaySubscriber
+	(*RelayReport)(nil),          // 32: obmesh.agent.v1.RelayReport
+	(*RelaySubscriberStats)(nil), // 33: obmesh.agent.v1.RelaySubscriberStats
+	(*RelayNodeStats)(nil),       // 34: obmesh.agent.v1.RelayNodeStats
+	(*RelayNotice)(nil),          // 35: obmesh.agent.v1.RelayNotice
+	(*RelayEvent)(nil),           // 36: obmesh.agent.v1.RelayEvent
+	(*PowerSyncAssignment)(nil),  // 37: obmesh.agent.v1.PowerSyncAssignment
+	(*PowerSyncTarget)(nil),      // 38: obmesh.agent.v1.PowerSyncTarget
+	(*PowerSyncReport)(nil),      // 39: obmesh.agent.v1.PowerSyncReport
+	(*NodeObservation)(nil),      // 40: obmesh.agent.v1.NodeObservation
+	nil,                          // 41: obmesh.agent.v1.Node.OptionsEntry
+	nil,                          // 42: obmesh.agent.v1.OperationResult.IdentityEntry
+	nil,                          // 43: obmesh.agent.v1.EventSpec.HeadersEntry
+	nil,                          // 44: obmesh.agent.v1.RelaySubscriber.HeadersEntry
 }
 var file_internal_agentpb_agent_proto_depIdxs = []int32{
 	3,  // 0: obmesh.agent.v1.AgentMessage.hello:type_name -> obmesh.agent.v1.Hello
-	16, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
-	8,  // 2: obmesh.agent.v1.AgentMessage.heartbeat:type_name -> obmesh.agent.v1.Heartbeat
-	31, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
-	35, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
-	14, // 5: obmesh.agent.v1.AgentMessage.fate_report:type_name -> obmesh.agent.v1.FateReport
+	17, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
+	9,  // 2: obmesh.agent.v1.AgentMessage.heartbeat:type_name -> obmesh.agent.v1.Heartbeat
+	32, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
+	36, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
+	15, // 5: obmesh.agent.v1.AgentMessage.fate_report:type_name -> obmesh.agent.v1.FateReport
 	5,  // 6: obmesh.agent.v1.AgentMessage.driver_report:type_name -> obmesh.agent.v1.DriverReport
-	38, // 7: obmesh.agent.v1.AgentMessage.power_sync_report:type_name -> obmesh.agent.v1.PowerSyncReport
+	39, // 7: obmesh.agent.v1.AgentMessage.power_sync_report:type_name -> obmesh.agent.v1.PowerSyncReport
 	6,  // 8: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
-	10, // 9: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
-	11, // 10: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
-	7,  // 11: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
-	28, // 12: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
-	12, // 13: obmesh.agent.v1.CoordinatorMessage.result_ack:type_name -> obmesh.agent.v1.ResultAck
-	13, // 14: obmesh.agent.v1.CoordinatorMessage.fate_query:type_name -> obmesh.agent.v1.FateQuery
-	36, // 15: obmesh.agent.v1.CoordinatorMessage.power_sync:type_name -> obmesh.agent.v1.PowerSyncAssignment
-	4,  // 16: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
-	4,  // 17: obmesh.agent.v1.DriverReport.drivers:type_name -> obmesh.agent.v1.Driver
-	40, // 18: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
-	9,  // 19: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
-	19, // 20: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
-	25, // 21: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
-	15, // 22: obmesh.agent.v1.FateReport.fates:type_name -> obmesh.agent.v1.Fate
-	41, // 23: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
-	24, // 24: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
-	27, // 25: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
-	18, // 26: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
-	17, // 27: obmesh.agent.v1.OperationResult.boot:type_name -> obmesh.agent.v1.BootSetting
-	20, // 28: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
-	21, // 29: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
-	42, // 30: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
-	22, // 31: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
-	23, // 32: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
-	23, // 33: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
-	26, // 34: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
-	29, // 35: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
-	30, // 36: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
-	43, // 37: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
-	32, // 38: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
-	33, // 39: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
-	34, // 40: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
-	37, // 41: obmesh.agent.v1.PowerSyncAssignment.targets:type_name -> obmesh.agent.v1.PowerSyncTarget
-	9,  // 42: obmesh.agent.v1.PowerSyncTarget.node:type_name -> obmesh.agent.v1.Node
-	39, // 43: obmesh.agent.v1.PowerSyncReport.observations:type_name -> obmesh.agent.v1.NodeObservation
-	1,  // 44: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
-	0,  // 45: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
-	2,  // 46: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
-	0,  // 47: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
-	46, // [46:48] is the sub-list for method output_type
-	44, // [44:46] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	11, // 9: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
+	12, // 10: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
+	8,  // 11: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
+	29, // 12: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
+	13, // 13: obmesh.agent.v1.CoordinatorMessage.result_ack:type_name -> obmesh.agent.v1.ResultAck
+	14, // 14: obmesh.agent.v1.CoordinatorMessage.fate_query:type_name -> obmesh.agent.v1.FateQuery
+	37, // 15: obmesh.agent.v1.CoordinatorMessage.power_sync:type_name -> obmesh.agent.v1.PowerSyncAssignment
+	7,  // 16: obmesh.agent.v1.CoordinatorMessage.heartbeat_ack:type_name -> obmesh.agent.v1.HeartbeatAck
+	4,  // 17: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
+	4,  // 18: obmesh.agent.v1.DriverReport.drivers:type_name -> obmesh.agent.v1.Driver
+	41, // 19: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
+	10, // 20: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
+	20, // 21: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
+	26, // 22: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
+	16, // 23: obmesh.agent.v1.FateReport.fates:type_name -> obmesh.agent.v1.Fate
+	42, // 24: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
+	25, // 25: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
+	28, // 26: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
+	19, // 27: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
+	18, // 28: obmesh.agent.v1.OperationResult.boot:type_name -> obmesh.agent.v1.BootSetting
+	21, // 29: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
+	22, // 30: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
+	43, // 31: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
+	23, // 32: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
+	24, // 33: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
+	24, // 34: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
+	27, // 35: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
+	30, // 36: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
+	31, // 37: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
+	44, // 38: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	33, // 39: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
+	34, // 40: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
+	35, // 41: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
+	38, // 42: obmesh.agent.v1.PowerSyncAssignment.targets:type_name -> obmesh.agent.v1.PowerSyncTarget
+	10, // 43: obmesh.agent.v1.PowerSyncTarget.node:type_name -> obmesh.agent.v1.Node
+	40, // 44: obmesh.agent.v1.PowerSyncReport.observations:type_name -> obmesh.agent.v1.NodeObservation
+	1,  // 45: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
+	0,  // 46: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
+	2,  // 47: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
+	0,  // 48: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
+	47, // [47:49] is the sub-list for method output_type
+	45, // [45:47] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_internal_agentpb_agent_proto_init() }
@@ -3880,6 +3998,7 @@ func file_internal_agentpb_agent_proto_init() {
 		(*CoordinatorMessage_ResultAck)(nil),
 		(*CoordinatorMessage_FateQuery)(nil),
 		(*CoordinatorMessage_PowerSync)(nil),
+		(*CoordinatorMessage_HeartbeatAck)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3887,7 +4006,7 @@ func file_internal_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_agentpb_agent_proto_rawDesc), len(file_internal_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
