@@ -92,6 +92,9 @@ type Config struct {
 	ServerTLS, ClientTLS *tls.Config
 	// HandshakeTimeout bounds a TLS handshake on the Raft port (zero: 10s).
 	HandshakeTimeout time.Duration
+	// ObserveApply, if set, is told how long each Apply took from proposal
+	// to applied (or failed), for metrics.
+	ObserveApply func(d time.Duration, err error)
 }
 
 // Peer is a group member.
@@ -120,6 +123,8 @@ type Store struct {
 	// entry of its own (a barrier): from then on its commit index covers
 	// every entry of earlier terms, so reads may trust it.
 	readTerm atomic.Uint64
+	// leaderChanges counts the leaders this member has seen elected.
+	leaderChanges atomic.Uint64
 }
 
 // New returns an unopened store. It does no I/O.
@@ -226,6 +231,14 @@ func (s *Store) Open() error {
 		return fmt.Errorf("store: start raft: %w", err)
 	}
 	s.raft, s.boltStore, s.transport, s.stream = r, bs, tr, stream
+	// Leaders seen are counted (Info.LeaderChanges) by a filter that
+	// passes nothing on, so no goroutine drains a channel.
+	r.RegisterObserver(raft.NewObserver(nil, false, func(o *raft.Observation) bool {
+		if lo, ok := o.Data.(raft.LeaderObservation); ok && lo.LeaderID != "" {
+			s.leaderChanges.Add(1)
+		}
+		return false
+	}))
 	s.done = make(chan struct{})
 	if s.cfg.Bootstrap && !existing {
 		servers := []raft.Server{{ID: rc.LocalID, Address: tr.LocalAddr()}}
@@ -327,13 +340,18 @@ type Info struct {
 	AppliedIndex  uint64
 	LastLogIndex  uint64
 	LastContactMS int64 // since the leader was last heard from; -1 never; 0 on the leader
+	CommitIndex   uint64
+	// LeaderChanges counts the leaders this member has seen elected since
+	// it started (itself included).
+	LeaderChanges uint64
 }
 
 // Info reports this server's Raft state.
 func (s *Store) Info() Info {
 	st := s.raft.Stats()
 	num := func(k string) uint64 { v, _ := strconv.ParseUint(st[k], 10, 64); return v }
-	i := Info{State: strings.ToLower(s.raft.State().String()), Term: num("term"), AppliedIndex: s.raft.AppliedIndex(), LastLogIndex: num("last_log_index")}
+	i := Info{State: strings.ToLower(s.raft.State().String()), Term: num("term"), AppliedIndex: s.raft.AppliedIndex(), LastLogIndex: num("last_log_index"),
+		CommitIndex: num("commit_index"), LeaderChanges: s.leaderChanges.Load()}
 	switch {
 	case s.raft.State() == raft.Leader:
 		i.LastContactMS = 0
@@ -452,8 +470,13 @@ func (s *Store) Apply(ctx context.Context, c state.Command) (state.Result, error
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
+	t0 := time.Now()
 	f := s.raft.Apply(data, timeout)
-	if err := f.Error(); err != nil {
+	err = f.Error()
+	if s.cfg.ObserveApply != nil {
+		s.cfg.ObserveApply(time.Since(t0), err)
+	}
+	if err != nil {
 		switch {
 		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 			return state.Result{}, s.notLeader()
