@@ -165,6 +165,9 @@ type Config struct {
 	// still be carrying it out before); zero means 15s. One whose node is
 	// in the target state is settled as ok at once.
 	SettleAfter time.Duration
+	// Observe, if set, is told of every operation that ends here (driver,
+	// action, outcome, error class, duration), for metrics.
+	Observe func(driver, action, outcome, class string, d time.Duration)
 }
 
 // Runner runs operations. It is safe for concurrent use.
@@ -300,6 +303,9 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		}
 		r.remember(rec)
 		r.power.note(rec)
+		if r.cfg.Observe != nil {
+			r.cfg.Observe(n.Driver, rec.Action, outcome, rec.ErrorClass, end.Sub(start))
+		}
 		r.logger.Info("operation", "id", rec.ID, "node", rec.Node, "action", rec.Action, "outcome", outcome, "agent", rec.Agent, "class", rec.ErrorClass)
 		if f != nil {
 			return rec, f
