@@ -188,7 +188,10 @@ func TestSyncer_UnreachableAfterConsecutiveFailuresAndContactClears(t *testing.T
 
 func TestSyncer_SlowAndIntermittentAreDegraded(t *testing.T) {
 	f := newFake()
-	f.set(func(f *fakeBMCs) { f.power["slow"], f.power["flaky"] = "on", "on"; f.slow["slow"] = 60 * time.Millisecond })
+	f.set(func(f *fakeBMCs) {
+		f.power["slow"], f.power["flaky"] = "on", "on"
+		f.slow["slow"] = 60 * time.Millisecond
+	})
 	s := start(t, Config{Default: Settings{Interval: 20 * time.Millisecond, Rate: 1000}, SlowAfter: 30 * time.Millisecond}, f)
 	s.Assign(targets("slow", "flaky"))
 	collect(t, s, 5*time.Second, func(m map[string]Observation) bool {
