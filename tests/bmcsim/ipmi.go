@@ -16,6 +16,7 @@ import (
 	"github.com/bougou/go-ipmi/pkg/hal"
 	"github.com/bougou/go-ipmi/pkg/hal/mock"
 	"github.com/bougou/go-ipmi/pkg/server"
+	"github.com/bougou/go-ipmi/pkg/transport"
 	"github.com/bougou/go-ipmi/pkg/transport/udp"
 )
 
@@ -31,7 +32,7 @@ type IPMI struct {
 
 	opsMu  sync.Mutex
 	ops    []Op
-	conn   *udp.Conn
+	conn   transport.PacketConn
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -39,6 +40,19 @@ type IPMI struct {
 // StartIPMI starts a BMC on addr ("127.0.0.1:0" picks a port) accepting
 // user/password at administrator level, with cipher suites 3 and 17.
 func StartIPMI(name, addr, user, password string) (*IPMI, error) {
+	conn, err := udp.Listen(addr)
+	if err != nil {
+		return nil, fmt.Errorf("bmcsim: listen %s: %w", addr, err)
+	}
+	s, err := startIPMIOn(name, user, password, conn, conn.LocalAddr().String())
+	if err != nil {
+		conn.Close()
+	}
+	return s, err
+}
+
+// startIPMIOn starts a BMC serving on conn, known to clients as addr.
+func startIPMIOn(name, user, password string, conn transport.PacketConn, addr string) (*IPMI, error) {
 	h := mock.New()
 	h.SetConsole(&echoConsole{banner: fmt.Sprintf("\r\n%s login: ", name)})
 	info := bmc.DeviceInfo{DeviceID: 0x20, DeviceRevision: 1, FirmwareMajor: 1, FirmwareMinor: 0x10, IPMIVersion: 0x02,
@@ -53,12 +67,8 @@ func StartIPMI(name, addr, user, password string) (*IPMI, error) {
 	u.SetPassword([]byte(password))
 	u.Enabled = true
 	u.ChannelAccess[1] = bmc.UserChannelAccess{MaxPrivilege: bmc.PrivilegeLevelAdministrator, Enabled: true}
-	conn, err := udp.Listen(addr)
-	if err != nil {
-		return nil, fmt.Errorf("bmcsim: listen %s: %w", addr, err)
-	}
 	s := &IPMI{Name: name, User: user, Password: password, hal: h, conn: conn, done: make(chan struct{}),
-		Addr: conn.LocalAddr().String()}
+		Addr: addr}
 	// The BMC's own operation log: every power change it carried out.
 	ch := h.Chassis().(*mock.Chassis)
 	ch.SetPowerHook = func(on bool) error {
@@ -112,6 +122,8 @@ func (s *IPMI) Close() {
 // Fleet is a set of simulated BMCs.
 type Fleet struct {
 	IPMI []*IPMI
+
+	shared *shared // the socket of a shared fleet (scale.go), else nil
 }
 
 // StartIPMIFleet starts n IPMI BMCs on 127.0.0.1 (ports chosen by the
@@ -136,6 +148,9 @@ func (f *Fleet) Close() {
 		wg.Go(b.Close)
 	}
 	wg.Wait()
+	if f.shared != nil {
+		f.shared.close()
+	}
 }
 
 // echoConsole is the host's serial port: a login banner, then every byte

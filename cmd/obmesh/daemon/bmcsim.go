@@ -13,8 +13,8 @@ import (
 
 func runBMCSim(ctx context.Context, env cli.Env, args []string) int {
 	fs := cli.NewFlagSet(env, "[-ipmi N] [-redfish N] [-mockup NAME] [-user U] [-o json]",
-		"Runs simulated BMCs on 127.0.0.1 until interrupted and prints their addresses. By default 4 IPMI BMCs and no Redfish BMC; every BMC accepts the user -user (admin) with the password from OBMESH_BMC_PASSWORD, or \"password\" when it is unset. Redfish BMCs serve HTTPS with a certificate of their own (its SHA-256 fingerprint is printed).")
-	nIPMI := fs.Int("ipmi", 4, "how many IPMI BMCs to run on 127.0.0.1")
+		"Runs simulated BMCs on loopback until interrupted and prints their addresses: IPMI BMCs share one UDP port, each on an address of its own in 127.77.0.0/16 (on Linux), Redfish BMCs listen on 127.0.0.1. By default 4 IPMI BMCs and no Redfish BMC; every BMC accepts the user -user (admin) with the password from OBMESH_BMC_PASSWORD, or \"password\" when it is unset. Redfish BMCs serve HTTPS with a certificate of their own (its SHA-256 fingerprint is printed).")
+	nIPMI := fs.Int("ipmi", 4, "how many IPMI BMCs to run on loopback")
 	nRedfish := fs.Int("redfish", 0, "how many Redfish BMCs (HTTPS, DMTF mockup) to run on 127.0.0.1")
 	mockup := fs.String("mockup", "public-rackmount1", "DMTF mockup the Redfish BMCs serve: "+strings.Join(bmcsim.Mockups(), ", "))
 	user := fs.String("user", "admin", "BMC user name")
@@ -40,7 +40,12 @@ func runBMCSim(ctx context.Context, env cli.Env, args []string) int {
 	if password == "" {
 		password = "password"
 	}
-	fleet, err := bmcsim.StartIPMIFleet(*nIPMI, "ipmi", *user, password)
+	// One UDP socket for all the IPMI BMCs, each on its own loopback
+	// address (127.77.x.y); a socket per BMC where that is not available.
+	fleet, err := bmcsim.StartIPMIFleetShared(*nIPMI, "ipmi", *user, password)
+	if err != nil {
+		fleet, err = bmcsim.StartIPMIFleet(*nIPMI, "ipmi", *user, password)
+	}
 	if err != nil {
 		return fail(env, "bmcsim", err)
 	}
