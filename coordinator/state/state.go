@@ -151,6 +151,8 @@ type State struct {
 	auditKeys map[string]string
 	// ev holds event subscriptions (events.go).
 	ev events
+	// obs holds what was last observed of each node's BMC (observed.go).
+	obs map[string]*Observed
 }
 
 // AuditLimit is how many operation receipts the state keeps.
@@ -227,7 +229,7 @@ func (s *State) Audit(id string) (json.RawMessage, bool) {
 // New returns an empty state.
 func New() *State {
 	return &State{nodes: map[string]*Node{}, sites: map[string]*Site{}, agents: map[string]*Agent{}, members: map[string]*Member{},
-		audit: map[string]json.RawMessage{}, keys: map[string]auditKey{}, auditKeys: map[string]string{}, ev: newEvents()}
+		audit: map[string]json.RawMessage{}, keys: map[string]auditKey{}, auditKeys: map[string]string{}, ev: newEvents(), obs: map[string]*Observed{}}
 }
 
 // Member returns a member's record.
@@ -371,6 +373,7 @@ type snapshot struct {
 	Members []*Member    `json:"members,omitempty"`
 	Audit   []auditEntry `json:"audit,omitempty"`
 	eventSnapshot
+	observedSnapshot
 }
 
 type auditEntry struct {
@@ -384,7 +387,7 @@ type auditEntry struct {
 // states give equal bytes.
 func (s *State) Snapshot(w io.Writer) error {
 	s.mu.RLock()
-	snap := snapshot{Version: Version, Index: s.index, eventSnapshot: s.snapshotEvents()}
+	snap := snapshot{Version: Version, Index: s.index, eventSnapshot: s.snapshotEvents(), observedSnapshot: s.snapshotObserved()}
 	for _, n := range s.nodes {
 		snap.Nodes = append(snap.Nodes, n)
 	}
@@ -427,7 +430,7 @@ func (s *State) Restore(r io.Reader) error {
 	s.mu.Lock()
 	s.index, s.nodes, s.sites, s.agents, s.members = ns.index, ns.nodes, ns.sites, ns.agents, ns.members
 	s.audit, s.auditOrder, s.keys, s.auditKeys = ns.audit, ns.auditOrder, ns.keys, ns.auditKeys
-	s.ev = ns.ev
+	s.ev, s.obs = ns.ev, ns.obs
 	s.mu.Unlock()
 	return nil
 }
@@ -545,6 +548,9 @@ func decodeSnapshot(r io.Reader) (*State, error) {
 	}
 	if err := ns.restoreEvents(snap.eventSnapshot); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err := ns.restoreObserved(snap.observedSnapshot); err != nil {
+		return nil, err
 	}
 	return ns, nil
 }
