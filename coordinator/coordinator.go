@@ -31,6 +31,7 @@ import (
 	"github.com/obmesh/obmesh/coordinator/seal"
 	"github.com/obmesh/obmesh/coordinator/state"
 	"github.com/obmesh/obmesh/coordinator/store"
+	"github.com/obmesh/obmesh/coordinator/webui"
 	"github.com/obmesh/obmesh/hilproxy"
 	"github.com/obmesh/obmesh/internal/agentpb"
 	"github.com/obmesh/obmesh/internal/tlsutil"
@@ -158,6 +159,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", apiHandler)
+	webui.Mount(mux) // the web page at /ui/: static files; its data comes from /v1 with the user's token
 	var local http.Handler = mux
 	if obmdOn {
 		hil := hilproxy.NewHandler(&hilBackend{store: st, nodes: registry, runner: runner},
@@ -360,10 +362,11 @@ const resolveEvery = 5 * time.Second
 const failoverRetries = 3
 
 // forwarding serves a public request locally on the leader and forwards it
-// to the leader elsewhere. Stale reads (?stale=true) and /v1/status are
-// served by any member. A forwarded request runs on the leader's handler
-// directly (memberRequests), never here, so it is never forwarded twice: a
-// member that lost the leadership meanwhile answers it with 503.
+// to the leader elsewhere. Stale reads (?stale=true), /v1/status and the
+// web UI's static files are served by any member. A forwarded request
+// runs on the leader's handler directly (memberRequests), never here, so it
+// is never forwarded twice: a member that lost the leadership meanwhile
+// answers it with 503.
 //
 // During an election the request waits for the new leader (Forwarder.Wait)
 // instead of failing. When the leader is lost while handling a request
@@ -374,7 +377,7 @@ const failoverRetries = 3
 // operation. A 503 no_leader means nothing was sent.
 func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if st.IsLeader() || r.URL.Path == "/v1/status" || r.URL.Path == "/v1/health" ||
+		if st.IsLeader() || r.URL.Path == "/v1/status" || r.URL.Path == "/v1/health" || webui.Owns(r) ||
 			(r.Method == http.MethodGet && r.URL.Query().Get("stale") == "true") {
 			local.ServeHTTP(w, r)
 			return
