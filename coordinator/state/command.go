@@ -162,11 +162,12 @@ func Decode(data []byte) (c Command, ignore bool, err error) {
 		c, err = decodeAs[DeleteMember](env.Payload)
 	case "state.restore":
 		c, err = decodeAs[RestoreState](env.Payload)
-	case "node.observed":
-		c, err = decodeAs[PutObserved](env.Payload)
 	default:
 		var ok bool
 		if c, ok, err = decodeEventCommand(env); ok {
+			break
+		}
+		if c, ok, err = decodeFleetCommand(env); ok {
 			break
 		}
 		if env.IgnoreIfUnknown {
@@ -251,6 +252,9 @@ func (s *State) apply(index uint64, c Command) (Result, error) {
 	if r, ok := s.applyEvent(index, c); ok {
 		return r, nil
 	}
+	if r, ok := s.applyFleet(index, c); ok {
+		return r, nil
+	}
 	return s.applyCore(index, c)
 }
 
@@ -270,6 +274,7 @@ func (s *State) applyCore(index uint64, c Command) (res Result, fatal error) {
 		}
 		n.CreateIndex, n.ModifyIndex, n.CreatedUnixNano = index, index, c.StampUnixNano
 		n.Options = normalizeOptions(n.Options)
+		n.Labels = normalizeOptions(n.Labels)
 		n.Credential = cloneSealed(n.Credential)
 		s.ensureSite(index, n.Site)
 		s.nodes[n.Name] = &n
@@ -277,8 +282,6 @@ func (s *State) applyCore(index uint64, c Command) (res Result, fatal error) {
 		return Result{Node: &out}, nil
 	case UpdateNode:
 		return s.applyUpdateNode(index, c), nil
-	case PutObserved:
-		return s.applyPutObserved(c), nil
 	case SetNodeToken:
 		n, ok := s.nodes[c.Name]
 		if !ok {
@@ -338,14 +341,13 @@ func (s *State) applyCore(index uint64, c Command) (res Result, fatal error) {
 			return Result{Err: fmt.Errorf("restore refused, nothing changed: %w", err)}, nil
 		}
 		s.nodes, s.sites, s.agents = ns.nodes, ns.sites, ns.agents
-		s.ev, s.obs = ns.ev, ns.obs
+		s.ev = ns.ev
 		return Result{}, nil
 	case DeleteNode:
 		if _, ok := s.nodes[c.Name]; !ok {
 			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}, nil
 		}
 		delete(s.nodes, c.Name)
-		delete(s.obs, c.Name)
 		s.cascadeNodeDelete(c.Name, 0)
 		return Result{}, nil
 	case PutSite:

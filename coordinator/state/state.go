@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -70,6 +71,8 @@ type Node struct {
 	Username   string            `json:"username,omitempty"`
 	Credential Sealed            `json:"credential"`
 	Options    map[string]string `json:"options,omitempty"`
+	// Labels select nodes for bulk jobs (labels.go).
+	Labels map[string]string `json:"labels,omitempty"`
 	// CreateIndex is the log index that registered the node; with Name it
 	// identifies one registration (drivers key per-node state on it).
 	CreateIndex uint64 `json:"create_index"`
@@ -151,8 +154,8 @@ type State struct {
 	auditKeys map[string]string
 	// ev holds event subscriptions (events.go).
 	ev events
-	// obs holds what was last observed of each node's BMC (observed.go).
-	obs map[string]*Observed
+	// jobs holds bulk jobs (jobs.go).
+	jobs jobTable
 }
 
 // AuditLimit is how many operation receipts the state keeps.
@@ -229,7 +232,7 @@ func (s *State) Audit(id string) (json.RawMessage, bool) {
 // New returns an empty state.
 func New() *State {
 	return &State{nodes: map[string]*Node{}, sites: map[string]*Site{}, agents: map[string]*Agent{}, members: map[string]*Member{},
-		audit: map[string]json.RawMessage{}, keys: map[string]auditKey{}, auditKeys: map[string]string{}, ev: newEvents(), obs: map[string]*Observed{}}
+		audit: map[string]json.RawMessage{}, keys: map[string]auditKey{}, auditKeys: map[string]string{}, ev: newEvents(), jobs: newJobTable()}
 }
 
 // Member returns a member's record.
@@ -327,6 +330,7 @@ func cloneNode(n *Node) Node {
 			c.Options[k] = v
 		}
 	}
+	c.Labels = maps.Clone(n.Labels)
 	return c
 }
 
@@ -373,7 +377,7 @@ type snapshot struct {
 	Members []*Member    `json:"members,omitempty"`
 	Audit   []auditEntry `json:"audit,omitempty"`
 	eventSnapshot
-	observedSnapshot
+	jobSnapshot
 }
 
 type auditEntry struct {
@@ -387,7 +391,7 @@ type auditEntry struct {
 // states give equal bytes.
 func (s *State) Snapshot(w io.Writer) error {
 	s.mu.RLock()
-	snap := snapshot{Version: Version, Index: s.index, eventSnapshot: s.snapshotEvents(), observedSnapshot: s.snapshotObserved()}
+	snap := snapshot{Version: Version, Index: s.index, eventSnapshot: s.snapshotEvents(), jobSnapshot: s.snapshotJobs()}
 	for _, n := range s.nodes {
 		snap.Nodes = append(snap.Nodes, n)
 	}
@@ -430,7 +434,8 @@ func (s *State) Restore(r io.Reader) error {
 	s.mu.Lock()
 	s.index, s.nodes, s.sites, s.agents, s.members = ns.index, ns.nodes, ns.sites, ns.agents, ns.members
 	s.audit, s.auditOrder, s.keys, s.auditKeys = ns.audit, ns.auditOrder, ns.keys, ns.auditKeys
-	s.ev, s.obs = ns.ev, ns.obs
+	s.ev = ns.ev
+	s.jobs = ns.jobs
 	s.mu.Unlock()
 	return nil
 }
@@ -484,6 +489,7 @@ func decodeSnapshot(r io.Reader) (*State, error) {
 			return nil, bad("nodes", i, n.Name, dup("node", n.Name))
 		}
 		n.Options = normalizeOptions(n.Options)
+		n.Labels = normalizeOptions(n.Labels)
 		ns.nodes[n.Name] = n
 	}
 	for i, x := range snap.Sites {
@@ -549,7 +555,7 @@ func decodeSnapshot(r io.Reader) (*State, error) {
 	if err := ns.restoreEvents(snap.eventSnapshot); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	if err := ns.restoreObserved(snap.observedSnapshot); err != nil {
+	if err := ns.restoreJobs(snap.jobSnapshot); err != nil {
 		return nil, err
 	}
 	return ns, nil

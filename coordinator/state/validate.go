@@ -175,6 +175,9 @@ func ValidateNode(n Node) error {
 			return invalid("option %s is invalid (keys: 1-%d characters without spaces, '=', control, bidi or zero-width characters; values up to %d bytes)", q(k), MaxOptionKeyBytes, MaxOptionValueBytes)
 		}
 	}
+	if err := ValidateLabels(n.Labels); err != nil {
+		return err
+	}
 	if err := validateSealed(n.Credential); err != nil {
 		return err
 	}
