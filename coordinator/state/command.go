@@ -162,6 +162,8 @@ func Decode(data []byte) (c Command, ignore bool, err error) {
 		c, err = decodeAs[DeleteMember](env.Payload)
 	case "state.restore":
 		c, err = decodeAs[RestoreState](env.Payload)
+	case "node.observed":
+		c, err = decodeAs[PutObserved](env.Payload)
 	default:
 		var ok bool
 		if c, ok, err = decodeEventCommand(env); ok {
@@ -282,6 +284,8 @@ func (s *State) applyCore(index uint64, c Command) (res Result, fatal error) {
 		return Result{Node: &out}, nil
 	case UpdateNode:
 		return s.applyUpdateNode(index, c), nil
+	case PutObserved:
+		return s.applyPutObserved(c), nil
 	case SetNodeToken:
 		n, ok := s.nodes[c.Name]
 		if !ok {
@@ -341,13 +345,14 @@ func (s *State) applyCore(index uint64, c Command) (res Result, fatal error) {
 			return Result{Err: fmt.Errorf("restore refused, nothing changed: %w", err)}, nil
 		}
 		s.nodes, s.sites, s.agents = ns.nodes, ns.sites, ns.agents
-		s.ev = ns.ev
+		s.ev, s.obs = ns.ev, ns.obs
 		return Result{}, nil
 	case DeleteNode:
 		if _, ok := s.nodes[c.Name]; !ok {
 			return Result{Err: fmt.Errorf("node %q: %w", c.Name, ErrNotFound)}, nil
 		}
 		delete(s.nodes, c.Name)
+		delete(s.obs, c.Name)
 		s.cascadeNodeDelete(c.Name, 0)
 		return Result{}, nil
 	case PutSite:

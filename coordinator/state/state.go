@@ -156,6 +156,8 @@ type State struct {
 	ev events
 	// jobs holds bulk jobs (jobs.go).
 	jobs jobTable
+	// obs holds what was last observed of each node's BMC (observed.go).
+	obs map[string]*Observed
 }
 
 // AuditLimit is how many operation receipts the state keeps.
@@ -232,7 +234,7 @@ func (s *State) Audit(id string) (json.RawMessage, bool) {
 // New returns an empty state.
 func New() *State {
 	return &State{nodes: map[string]*Node{}, sites: map[string]*Site{}, agents: map[string]*Agent{}, members: map[string]*Member{},
-		audit: map[string]json.RawMessage{}, keys: map[string]auditKey{}, auditKeys: map[string]string{}, ev: newEvents(), jobs: newJobTable()}
+		audit: map[string]json.RawMessage{}, keys: map[string]auditKey{}, auditKeys: map[string]string{}, ev: newEvents(), obs: map[string]*Observed{}, jobs: newJobTable()}
 }
 
 // Member returns a member's record.
@@ -377,6 +379,7 @@ type snapshot struct {
 	Members []*Member    `json:"members,omitempty"`
 	Audit   []auditEntry `json:"audit,omitempty"`
 	eventSnapshot
+	observedSnapshot
 	jobSnapshot
 }
 
@@ -391,7 +394,7 @@ type auditEntry struct {
 // states give equal bytes.
 func (s *State) Snapshot(w io.Writer) error {
 	s.mu.RLock()
-	snap := snapshot{Version: Version, Index: s.index, eventSnapshot: s.snapshotEvents(), jobSnapshot: s.snapshotJobs()}
+	snap := snapshot{Version: Version, Index: s.index, eventSnapshot: s.snapshotEvents(), observedSnapshot: s.snapshotObserved(), jobSnapshot: s.snapshotJobs()}
 	for _, n := range s.nodes {
 		snap.Nodes = append(snap.Nodes, n)
 	}
@@ -434,7 +437,7 @@ func (s *State) Restore(r io.Reader) error {
 	s.mu.Lock()
 	s.index, s.nodes, s.sites, s.agents, s.members = ns.index, ns.nodes, ns.sites, ns.agents, ns.members
 	s.audit, s.auditOrder, s.keys, s.auditKeys = ns.audit, ns.auditOrder, ns.keys, ns.auditKeys
-	s.ev = ns.ev
+	s.ev, s.obs = ns.ev, ns.obs
 	s.jobs = ns.jobs
 	s.mu.Unlock()
 	return nil
@@ -554,6 +557,9 @@ func decodeSnapshot(r io.Reader) (*State, error) {
 	}
 	if err := ns.restoreEvents(snap.eventSnapshot); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err := ns.restoreObserved(snap.observedSnapshot); err != nil {
+		return nil, err
 	}
 	if err := ns.restoreJobs(snap.jobSnapshot); err != nil {
 		return nil, err
