@@ -35,8 +35,29 @@ type ConsoleFrame struct {
 	// read asks the agent for the next chunk of output.
 	Read bool `protobuf:"varint,3,opt,name=read,proto3" json:"read,omitempty"`
 	// eof says the console ended; error why, if it failed.
-	Eof           bool   `protobuf:"varint,4,opt,name=eof,proto3" json:"eof,omitempty"`
-	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Eof   bool   `protobuf:"varint,4,opt,name=eof,proto3" json:"eof,omitempty"`
+	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// The fields below come from agents with shared console sessions
+	// (agent/consoles). push (first frame): the agent sends output as it
+	// comes, without read pulls. session (first frame): the id of the
+	// node's session on the agent; offsets belong to it.
+	Push    bool   `protobuf:"varint,6,opt,name=push,proto3" json:"push,omitempty"`
+	Session string `protobuf:"bytes,7,opt,name=session,proto3" json:"session,omitempty"`
+	// offset is the session offset of data's first byte (on the first
+	// frame: where the viewer starts).
+	Offset uint64 `protobuf:"varint,8,opt,name=offset,proto3" json:"offset,omitempty"`
+	// gap: bytes this viewer missed just before data (it fell behind the
+	// history); gap_unknown: an unknown amount (its offset was of another
+	// session).
+	Gap        uint64 `protobuf:"varint,9,opt,name=gap,proto3" json:"gap,omitempty"`
+	GapUnknown bool   `protobuf:"varint,10,opt,name=gap_unknown,json=gapUnknown,proto3" json:"gap_unknown,omitempty"`
+	// role (first frame, and when it changes): writer says whether this
+	// viewer may type; the others are read-only.
+	Role   bool `protobuf:"varint,11,opt,name=role,proto3" json:"role,omitempty"`
+	Writer bool `protobuf:"varint,12,opt,name=writer,proto3" json:"writer,omitempty"`
+	// log_tail (a console_log answer): data is the tail of the node's log;
+	// live output follows when following.
+	LogTail       bool `protobuf:"varint,13,opt,name=log_tail,json=logTail,proto3" json:"log_tail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -106,6 +127,182 @@ func (x *ConsoleFrame) GetError() string {
 	return ""
 }
 
+func (x *ConsoleFrame) GetPush() bool {
+	if x != nil {
+		return x.Push
+	}
+	return false
+}
+
+func (x *ConsoleFrame) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *ConsoleFrame) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ConsoleFrame) GetGap() uint64 {
+	if x != nil {
+		return x.Gap
+	}
+	return 0
+}
+
+func (x *ConsoleFrame) GetGapUnknown() bool {
+	if x != nil {
+		return x.GapUnknown
+	}
+	return false
+}
+
+func (x *ConsoleFrame) GetRole() bool {
+	if x != nil {
+		return x.Role
+	}
+	return false
+}
+
+func (x *ConsoleFrame) GetWriter() bool {
+	if x != nil {
+		return x.Writer
+	}
+	return false
+}
+
+func (x *ConsoleFrame) GetLogTail() bool {
+	if x != nil {
+		return x.LogTail
+	}
+	return false
+}
+
+// ConsoleRequest says how a console_open (or console_log) attaches to the
+// node's shared session on the agent.
+type ConsoleRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// read_only: this viewer never types (enforced on the agent).
+	ReadOnly bool `protobuf:"varint,1,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// replay: start at the oldest byte of the history.
+	Replay bool `protobuf:"varint,2,opt,name=replay,proto3" json:"replay,omitempty"`
+	// has_from/from/session: start at this offset of that session.
+	HasFrom bool   `protobuf:"varint,3,opt,name=has_from,json=hasFrom,proto3" json:"has_from,omitempty"`
+	From    uint64 `protobuf:"varint,4,opt,name=from,proto3" json:"from,omitempty"`
+	Session string `protobuf:"bytes,5,opt,name=session,proto3" json:"session,omitempty"`
+	// obmd: an obmd-API viewer (read-only). With has_from on a paced
+	// console (obmd's mock) it skips the line in transit when the previous
+	// obmd stream was cut, as obmd lost it.
+	Obmd bool `protobuf:"varint,6,opt,name=obmd,proto3" json:"obmd,omitempty"`
+	// log: console logging is on for the node (label or option
+	// console-log=on).
+	Log bool `protobuf:"varint,7,opt,name=log,proto3" json:"log,omitempty"`
+	// console_log: tail lines of the node's log (0: all kept, bounded);
+	// follow: then the live output.
+	Tail          int32 `protobuf:"varint,8,opt,name=tail,proto3" json:"tail,omitempty"`
+	Follow        bool  `protobuf:"varint,9,opt,name=follow,proto3" json:"follow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsoleRequest) Reset() {
+	*x = ConsoleRequest{}
+	mi := &file_internal_agentpb_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsoleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsoleRequest) ProtoMessage() {}
+
+func (x *ConsoleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_agentpb_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsoleRequest.ProtoReflect.Descriptor instead.
+func (*ConsoleRequest) Descriptor() ([]byte, []int) {
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ConsoleRequest) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+func (x *ConsoleRequest) GetReplay() bool {
+	if x != nil {
+		return x.Replay
+	}
+	return false
+}
+
+func (x *ConsoleRequest) GetHasFrom() bool {
+	if x != nil {
+		return x.HasFrom
+	}
+	return false
+}
+
+func (x *ConsoleRequest) GetFrom() uint64 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *ConsoleRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *ConsoleRequest) GetObmd() bool {
+	if x != nil {
+		return x.Obmd
+	}
+	return false
+}
+
+func (x *ConsoleRequest) GetLog() bool {
+	if x != nil {
+		return x.Log
+	}
+	return false
+}
+
+func (x *ConsoleRequest) GetTail() int32 {
+	if x != nil {
+		return x.Tail
+	}
+	return 0
+}
+
+func (x *ConsoleRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
 type AgentMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -125,7 +322,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[1]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -137,7 +334,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[1]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -150,7 +347,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{1}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AgentMessage) GetMsg() isAgentMessage_Msg {
@@ -304,7 +501,7 @@ type CoordinatorMessage struct {
 
 func (x *CoordinatorMessage) Reset() {
 	*x = CoordinatorMessage{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[2]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -316,7 +513,7 @@ func (x *CoordinatorMessage) String() string {
 func (*CoordinatorMessage) ProtoMessage() {}
 
 func (x *CoordinatorMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[2]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -329,7 +526,7 @@ func (x *CoordinatorMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CoordinatorMessage.ProtoReflect.Descriptor instead.
 func (*CoordinatorMessage) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{2}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CoordinatorMessage) GetMsg() isCoordinatorMessage_Msg {
@@ -504,7 +701,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[3]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +713,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[3]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +726,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{3}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Hello) GetAgentId() string {
@@ -621,7 +818,7 @@ type Driver struct {
 
 func (x *Driver) Reset() {
 	*x = Driver{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[4]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +830,7 @@ func (x *Driver) String() string {
 func (*Driver) ProtoMessage() {}
 
 func (x *Driver) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[4]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +843,7 @@ func (x *Driver) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Driver.ProtoReflect.Descriptor instead.
 func (*Driver) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{4}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Driver) GetName() string {
@@ -717,7 +914,7 @@ type DriverReport struct {
 
 func (x *DriverReport) Reset() {
 	*x = DriverReport{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[5]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +926,7 @@ func (x *DriverReport) String() string {
 func (*DriverReport) ProtoMessage() {}
 
 func (x *DriverReport) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[5]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +939,7 @@ func (x *DriverReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriverReport.ProtoReflect.Descriptor instead.
 func (*DriverReport) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{5}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DriverReport) GetDrivers() []*Driver {
@@ -783,7 +980,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[6]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +992,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[6]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +1005,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{6}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Welcome) GetEpoch() uint64 {
@@ -857,7 +1054,7 @@ type HeartbeatAck struct {
 
 func (x *HeartbeatAck) Reset() {
 	*x = HeartbeatAck{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +1066,7 @@ func (x *HeartbeatAck) String() string {
 func (*HeartbeatAck) ProtoMessage() {}
 
 func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[7]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +1079,7 @@ func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
 func (*HeartbeatAck) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HeartbeatAck) GetHeardMonoNs() int64 {
@@ -903,7 +1100,7 @@ type Redirect struct {
 
 func (x *Redirect) Reset() {
 	*x = Redirect{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1112,7 @@ func (x *Redirect) String() string {
 func (*Redirect) ProtoMessage() {}
 
 func (x *Redirect) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[8]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1125,7 @@ func (x *Redirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
 func (*Redirect) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Redirect) GetLeader() string {
@@ -950,7 +1147,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1159,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[9]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1172,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Heartbeat) GetSentUnixNano() int64 {
@@ -1010,7 +1207,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +1219,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[10]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,7 +1232,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Node) GetName() string {
@@ -1101,7 +1298,7 @@ type Operation struct {
 	Node  *Node                  `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
 	// action: "power_on", "power_off", "power_soft_off", "power_cycle",
 	// "power_reset", "power_status", "boot_device", "identity",
-	// "console_open" (answered by opening a Console stream, or by a failed
+	// "console_open" and "console_log" (answered by opening a Console stream, or by a failed
 	// result).
 	Action     string `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
 	BootDevice string `protobuf:"bytes,5,opt,name=boot_device,json=bootDevice,proto3" json:"boot_device,omitempty"`
@@ -1120,13 +1317,15 @@ type Operation struct {
 	// agent, a long per-BMC queue); it answers "rejected" instead. Zero: the
 	// completion deadline.
 	StartByUnixNano int64 `protobuf:"varint,11,opt,name=start_by_unix_nano,json=startByUnixNano,proto3" json:"start_by_unix_nano,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// console is set for "console_open" and "console_log".
+	Console       *ConsoleRequest `protobuf:"bytes,20,opt,name=console,proto3" json:"console,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Operation) Reset() {
 	*x = Operation{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1337,7 @@ func (x *Operation) String() string {
 func (*Operation) ProtoMessage() {}
 
 func (x *Operation) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[11]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1350,7 @@ func (x *Operation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Operation.ProtoReflect.Descriptor instead.
 func (*Operation) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Operation) GetId() string {
@@ -1231,6 +1430,13 @@ func (x *Operation) GetStartByUnixNano() int64 {
 	return 0
 }
 
+func (x *Operation) GetConsole() *ConsoleRequest {
+	if x != nil {
+		return x.Console
+	}
+	return nil
+}
+
 type Cancel struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1240,7 +1446,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1252,7 +1458,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[12]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1265,7 +1471,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Cancel) GetId() string {
@@ -1287,7 +1493,7 @@ type ResultAck struct {
 
 func (x *ResultAck) Reset() {
 	*x = ResultAck{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1505,7 @@ func (x *ResultAck) String() string {
 func (*ResultAck) ProtoMessage() {}
 
 func (x *ResultAck) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[13]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1518,7 @@ func (x *ResultAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultAck.ProtoReflect.Descriptor instead.
 func (*ResultAck) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ResultAck) GetIds() []string {
@@ -1337,7 +1543,7 @@ type FateQuery struct {
 
 func (x *FateQuery) Reset() {
 	*x = FateQuery{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1349,7 +1555,7 @@ func (x *FateQuery) String() string {
 func (*FateQuery) ProtoMessage() {}
 
 func (x *FateQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[14]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1362,7 +1568,7 @@ func (x *FateQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FateQuery.ProtoReflect.Descriptor instead.
 func (*FateQuery) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FateQuery) GetIds() []string {
@@ -1390,7 +1596,7 @@ type FateReport struct {
 
 func (x *FateReport) Reset() {
 	*x = FateReport{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1402,7 +1608,7 @@ func (x *FateReport) String() string {
 func (*FateReport) ProtoMessage() {}
 
 func (x *FateReport) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[15]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1415,7 +1621,7 @@ func (x *FateReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FateReport.ProtoReflect.Descriptor instead.
 func (*FateReport) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *FateReport) GetFates() []*Fate {
@@ -1441,7 +1647,7 @@ type Fate struct {
 
 func (x *Fate) Reset() {
 	*x = Fate{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1659,7 @@ func (x *Fate) String() string {
 func (*Fate) ProtoMessage() {}
 
 func (x *Fate) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[16]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1672,7 @@ func (x *Fate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fate.ProtoReflect.Descriptor instead.
 func (*Fate) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Fate) GetId() string {
@@ -1512,7 +1718,7 @@ type OperationResult struct {
 
 func (x *OperationResult) Reset() {
 	*x = OperationResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +1730,7 @@ func (x *OperationResult) String() string {
 func (*OperationResult) ProtoMessage() {}
 
 func (x *OperationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[17]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1743,7 @@ func (x *OperationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationResult.ProtoReflect.Descriptor instead.
 func (*OperationResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *OperationResult) GetId() string {
@@ -1654,7 +1860,7 @@ type BootSetting struct {
 
 func (x *BootSetting) Reset() {
 	*x = BootSetting{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1872,7 @@ func (x *BootSetting) String() string {
 func (*BootSetting) ProtoMessage() {}
 
 func (x *BootSetting) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[18]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1885,7 @@ func (x *BootSetting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootSetting.ProtoReflect.Descriptor instead.
 func (*BootSetting) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BootSetting) GetDevice() string {
@@ -1721,7 +1927,7 @@ type PowerObservation struct {
 
 func (x *PowerObservation) Reset() {
 	*x = PowerObservation{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1733,7 +1939,7 @@ func (x *PowerObservation) String() string {
 func (*PowerObservation) ProtoMessage() {}
 
 func (x *PowerObservation) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[19]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1746,7 +1952,7 @@ func (x *PowerObservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerObservation.ProtoReflect.Descriptor instead.
 func (*PowerObservation) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PowerObservation) GetState() string {
@@ -1778,7 +1984,7 @@ type EventRequest struct {
 
 func (x *EventRequest) Reset() {
 	*x = EventRequest{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1790,7 +1996,7 @@ func (x *EventRequest) String() string {
 func (*EventRequest) ProtoMessage() {}
 
 func (x *EventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[20]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1803,7 +2009,7 @@ func (x *EventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventRequest.ProtoReflect.Descriptor instead.
 func (*EventRequest) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EventRequest) GetUri() string {
@@ -1850,7 +2056,7 @@ type EventSpec struct {
 
 func (x *EventSpec) Reset() {
 	*x = EventSpec{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +2068,7 @@ func (x *EventSpec) String() string {
 func (*EventSpec) ProtoMessage() {}
 
 func (x *EventSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[21]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +2081,7 @@ func (x *EventSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventSpec.ProtoReflect.Descriptor instead.
 func (*EventSpec) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EventSpec) GetDestination() string {
@@ -1946,7 +2152,7 @@ type TestEvent struct {
 
 func (x *TestEvent) Reset() {
 	*x = TestEvent{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2164,7 @@ func (x *TestEvent) String() string {
 func (*TestEvent) ProtoMessage() {}
 
 func (x *TestEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[22]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2177,7 @@ func (x *TestEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TestEvent.ProtoReflect.Descriptor instead.
 func (*TestEvent) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TestEvent) GetEventType() string {
@@ -2020,7 +2226,7 @@ type EventCapabilities struct {
 
 func (x *EventCapabilities) Reset() {
 	*x = EventCapabilities{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2032,7 +2238,7 @@ func (x *EventCapabilities) String() string {
 func (*EventCapabilities) ProtoMessage() {}
 
 func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[23]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2045,7 +2251,7 @@ func (x *EventCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventCapabilities.ProtoReflect.Descriptor instead.
 func (*EventCapabilities) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EventCapabilities) GetServiceEnabled() bool {
@@ -2134,7 +2340,7 @@ type BMCSubscription struct {
 
 func (x *BMCSubscription) Reset() {
 	*x = BMCSubscription{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2146,7 +2352,7 @@ func (x *BMCSubscription) String() string {
 func (*BMCSubscription) ProtoMessage() {}
 
 func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[24]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2159,7 +2365,7 @@ func (x *BMCSubscription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BMCSubscription.ProtoReflect.Descriptor instead.
 func (*BMCSubscription) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BMCSubscription) GetUri() string {
@@ -2234,7 +2440,7 @@ type EventResult struct {
 
 func (x *EventResult) Reset() {
 	*x = EventResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2246,7 +2452,7 @@ func (x *EventResult) String() string {
 func (*EventResult) ProtoMessage() {}
 
 func (x *EventResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[25]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2259,7 +2465,7 @@ func (x *EventResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventResult.ProtoReflect.Descriptor instead.
 func (*EventResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *EventResult) GetCapabilities() *EventCapabilities {
@@ -2314,7 +2520,7 @@ type RelayRequest struct {
 
 func (x *RelayRequest) Reset() {
 	*x = RelayRequest{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2326,7 +2532,7 @@ func (x *RelayRequest) String() string {
 func (*RelayRequest) ProtoMessage() {}
 
 func (x *RelayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[26]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2339,7 +2545,7 @@ func (x *RelayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayRequest.ProtoReflect.Descriptor instead.
 func (*RelayRequest) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RelayRequest) GetSubscriptionId() string {
@@ -2373,7 +2579,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2385,7 +2591,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[27]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2398,7 +2604,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -2474,7 +2680,7 @@ type RelayResult struct {
 
 func (x *RelayResult) Reset() {
 	*x = RelayResult{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2486,7 +2692,7 @@ func (x *RelayResult) String() string {
 func (*RelayResult) ProtoMessage() {}
 
 func (x *RelayResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[28]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2499,7 +2705,7 @@ func (x *RelayResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayResult.ProtoReflect.Descriptor instead.
 func (*RelayResult) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RelayResult) GetDeadLetters() []*DeadLetter {
@@ -2530,7 +2736,7 @@ type RelayConfig struct {
 
 func (x *RelayConfig) Reset() {
 	*x = RelayConfig{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2542,7 +2748,7 @@ func (x *RelayConfig) String() string {
 func (*RelayConfig) ProtoMessage() {}
 
 func (x *RelayConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[29]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2555,7 +2761,7 @@ func (x *RelayConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayConfig.ProtoReflect.Descriptor instead.
 func (*RelayConfig) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RelayConfig) GetVersion() uint64 {
@@ -2583,7 +2789,7 @@ type RelayNode struct {
 
 func (x *RelayNode) Reset() {
 	*x = RelayNode{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2595,7 +2801,7 @@ func (x *RelayNode) String() string {
 func (*RelayNode) ProtoMessage() {}
 
 func (x *RelayNode) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[30]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2608,7 +2814,7 @@ func (x *RelayNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNode.ProtoReflect.Descriptor instead.
 func (*RelayNode) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RelayNode) GetName() string {
@@ -2653,7 +2859,7 @@ type RelaySubscriber struct {
 
 func (x *RelaySubscriber) Reset() {
 	*x = RelaySubscriber{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2665,7 +2871,7 @@ func (x *RelaySubscriber) String() string {
 func (*RelaySubscriber) ProtoMessage() {}
 
 func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[31]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2678,7 +2884,7 @@ func (x *RelaySubscriber) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelaySubscriber.ProtoReflect.Descriptor instead.
 func (*RelaySubscriber) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RelaySubscriber) GetId() string {
@@ -2789,7 +2995,7 @@ type RelayReport struct {
 
 func (x *RelayReport) Reset() {
 	*x = RelayReport{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2801,7 +3007,7 @@ func (x *RelayReport) String() string {
 func (*RelayReport) ProtoMessage() {}
 
 func (x *RelayReport) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[32]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2814,7 +3020,7 @@ func (x *RelayReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayReport.ProtoReflect.Descriptor instead.
 func (*RelayReport) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{32}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RelayReport) GetSubscribers() []*RelaySubscriberStats {
@@ -2861,7 +3067,7 @@ type RelaySubscriberStats struct {
 
 func (x *RelaySubscriberStats) Reset() {
 	*x = RelaySubscriberStats{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2873,7 +3079,7 @@ func (x *RelaySubscriberStats) String() string {
 func (*RelaySubscriberStats) ProtoMessage() {}
 
 func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[33]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2886,7 +3092,7 @@ func (x *RelaySubscriberStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelaySubscriberStats.ProtoReflect.Descriptor instead.
 func (*RelaySubscriberStats) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RelaySubscriberStats) GetId() string {
@@ -2960,7 +3166,7 @@ type RelayNodeStats struct {
 
 func (x *RelayNodeStats) Reset() {
 	*x = RelayNodeStats{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2972,7 +3178,7 @@ func (x *RelayNodeStats) String() string {
 func (*RelayNodeStats) ProtoMessage() {}
 
 func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[34]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2985,7 +3191,7 @@ func (x *RelayNodeStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNodeStats.ProtoReflect.Descriptor instead.
 func (*RelayNodeStats) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{34}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RelayNodeStats) GetNode() string {
@@ -3049,7 +3255,7 @@ type RelayNotice struct {
 
 func (x *RelayNotice) Reset() {
 	*x = RelayNotice{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[35]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3061,7 +3267,7 @@ func (x *RelayNotice) String() string {
 func (*RelayNotice) ProtoMessage() {}
 
 func (x *RelayNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[35]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3074,7 +3280,7 @@ func (x *RelayNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayNotice.ProtoReflect.Descriptor instead.
 func (*RelayNotice) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{35}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RelayNotice) GetNode() string {
@@ -3120,7 +3326,7 @@ type RelayEvent struct {
 
 func (x *RelayEvent) Reset() {
 	*x = RelayEvent{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[36]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3132,7 +3338,7 @@ func (x *RelayEvent) String() string {
 func (*RelayEvent) ProtoMessage() {}
 
 func (x *RelayEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[36]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3145,7 +3351,7 @@ func (x *RelayEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayEvent.ProtoReflect.Descriptor instead.
 func (*RelayEvent) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{36}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RelayEvent) GetId() string {
@@ -3254,7 +3460,7 @@ type PowerSyncAssignment struct {
 
 func (x *PowerSyncAssignment) Reset() {
 	*x = PowerSyncAssignment{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[37]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3266,7 +3472,7 @@ func (x *PowerSyncAssignment) String() string {
 func (*PowerSyncAssignment) ProtoMessage() {}
 
 func (x *PowerSyncAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[37]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3279,7 +3485,7 @@ func (x *PowerSyncAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSyncAssignment.ProtoReflect.Descriptor instead.
 func (*PowerSyncAssignment) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{37}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PowerSyncAssignment) GetVersion() uint64 {
@@ -3309,7 +3515,7 @@ type PowerSyncTarget struct {
 
 func (x *PowerSyncTarget) Reset() {
 	*x = PowerSyncTarget{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[38]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3321,7 +3527,7 @@ func (x *PowerSyncTarget) String() string {
 func (*PowerSyncTarget) ProtoMessage() {}
 
 func (x *PowerSyncTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[38]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3334,7 +3540,7 @@ func (x *PowerSyncTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSyncTarget.ProtoReflect.Descriptor instead.
 func (*PowerSyncTarget) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{38}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PowerSyncTarget) GetNode() *Node {
@@ -3362,7 +3568,7 @@ type PowerSyncReport struct {
 
 func (x *PowerSyncReport) Reset() {
 	*x = PowerSyncReport{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[39]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3374,7 +3580,7 @@ func (x *PowerSyncReport) String() string {
 func (*PowerSyncReport) ProtoMessage() {}
 
 func (x *PowerSyncReport) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[39]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3387,7 +3593,7 @@ func (x *PowerSyncReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSyncReport.ProtoReflect.Descriptor instead.
 func (*PowerSyncReport) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{39}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PowerSyncReport) GetObservations() []*NodeObservation {
@@ -3423,7 +3629,7 @@ type NodeObservation struct {
 
 func (x *NodeObservation) Reset() {
 	*x = NodeObservation{}
-	mi := &file_internal_agentpb_agent_proto_msgTypes[40]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3435,7 +3641,7 @@ func (x *NodeObservation) String() string {
 func (*NodeObservation) ProtoMessage() {}
 
 func (x *NodeObservation) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_agentpb_agent_proto_msgTypes[40]
+	mi := &file_internal_agentpb_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3448,7 +3654,7 @@ func (x *NodeObservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeObservation.ProtoReflect.Descriptor instead.
 func (*NodeObservation) Descriptor() ([]byte, []int) {
-	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{40}
+	return file_internal_agentpb_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NodeObservation) GetNode() string {
@@ -3532,13 +3738,33 @@ var File_internal_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1cinternal/agentpb/agent.proto\x12\x0fobmesh.agent.v1\"s\n" +
+	"\x1cinternal/agentpb/agent.proto\x12\x0fobmesh.agent.v1\"\xb3\x02\n" +
 	"\fConsoleFrame\x12\x13\n" +
 	"\x05op_id\x18\x01 \x01(\tR\x04opId\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
 	"\x04read\x18\x03 \x01(\bR\x04read\x12\x10\n" +
 	"\x03eof\x18\x04 \x01(\bR\x03eof\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\x96\x04\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12\x12\n" +
+	"\x04push\x18\x06 \x01(\bR\x04push\x12\x18\n" +
+	"\asession\x18\a \x01(\tR\asession\x12\x16\n" +
+	"\x06offset\x18\b \x01(\x04R\x06offset\x12\x10\n" +
+	"\x03gap\x18\t \x01(\x04R\x03gap\x12\x1f\n" +
+	"\vgap_unknown\x18\n" +
+	" \x01(\bR\n" +
+	"gapUnknown\x12\x12\n" +
+	"\x04role\x18\v \x01(\bR\x04role\x12\x16\n" +
+	"\x06writer\x18\f \x01(\bR\x06writer\x12\x19\n" +
+	"\blog_tail\x18\r \x01(\bR\alogTail\"\xe0\x01\n" +
+	"\x0eConsoleRequest\x12\x1b\n" +
+	"\tread_only\x18\x01 \x01(\bR\breadOnly\x12\x16\n" +
+	"\x06replay\x18\x02 \x01(\bR\x06replay\x12\x19\n" +
+	"\bhas_from\x18\x03 \x01(\bR\ahasFrom\x12\x12\n" +
+	"\x04from\x18\x04 \x01(\x04R\x04from\x12\x18\n" +
+	"\asession\x18\x05 \x01(\tR\asession\x12\x12\n" +
+	"\x04obmd\x18\x06 \x01(\bR\x04obmd\x12\x10\n" +
+	"\x03log\x18\a \x01(\bR\x03log\x12\x12\n" +
+	"\x04tail\x18\b \x01(\x05R\x04tail\x12\x16\n" +
+	"\x06follow\x18\t \x01(\bR\x06follow\"\x96\x04\n" +
 	"\fAgentMessage\x12.\n" +
 	"\x05hello\x18\x01 \x01(\v2\x16.obmesh.agent.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\x06result\x18\x02 \x01(\v2 .obmesh.agent.v1.OperationResultH\x00R\x06result\x12:\n" +
@@ -3614,7 +3840,7 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\aoptions\x18\b \x03(\v2\".obmesh.agent.v1.Node.OptionsEntryR\aoptions\x1a:\n" +
 	"\fOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc7\x03\n" +
 	"\tOperation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12)\n" +
@@ -3630,7 +3856,8 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x05event\x18\t \x01(\v2\x1d.obmesh.agent.v1.EventRequestR\x05event\x123\n" +
 	"\x05relay\x18\n" +
 	" \x01(\v2\x1d.obmesh.agent.v1.RelayRequestR\x05relay\x12+\n" +
-	"\x12start_by_unix_nano\x18\v \x01(\x03R\x0fstartByUnixNano\"\x18\n" +
+	"\x12start_by_unix_nano\x18\v \x01(\x03R\x0fstartByUnixNano\x129\n" +
+	"\aconsole\x18\x14 \x01(\v2\x1f.obmesh.agent.v1.ConsoleRequestR\aconsole\"\x18\n" +
 	"\x06Cancel\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x1d\n" +
 	"\tResultAck\x12\x10\n" +
@@ -3869,109 +4096,111 @@ func file_internal_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_internal_agentpb_agent_proto_rawDescData
 }
 
-var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*ConsoleFrame)(nil),         // 0: obmesh.agent.v1.ConsoleFrame
-	(*AgentMessage)(nil),         // 1: obmesh.agent.v1.AgentMessage
-	(*CoordinatorMessage)(nil),   // 2: obmesh.agent.v1.CoordinatorMessage
-	(*Hello)(nil),                // 3: obmesh.agent.v1.Hello
-	(*Driver)(nil),               // 4: obmesh.agent.v1.Driver
-	(*DriverReport)(nil),         // 5: obmesh.agent.v1.DriverReport
-	(*Welcome)(nil),              // 6: obmesh.agent.v1.Welcome
-	(*HeartbeatAck)(nil),         // 7: obmesh.agent.v1.HeartbeatAck
-	(*Redirect)(nil),             // 8: obmesh.agent.v1.Redirect
-	(*Heartbeat)(nil),            // 9: obmesh.agent.v1.Heartbeat
-	(*Node)(nil),                 // 10: obmesh.agent.v1.Node
-	(*Operation)(nil),            // 11: obmesh.agent.v1.Operation
-	(*Cancel)(nil),               // 12: obmesh.agent.v1.Cancel
-	(*ResultAck)(nil),            // 13: obmesh.agent.v1.ResultAck
-	(*FateQuery)(nil),            // 14: obmesh.agent.v1.FateQuery
-	(*FateReport)(nil),           // 15: obmesh.agent.v1.FateReport
-	(*Fate)(nil),                 // 16: obmesh.agent.v1.Fate
-	(*OperationResult)(nil),      // 17: obmesh.agent.v1.OperationResult
-	(*BootSetting)(nil),          // 18: obmesh.agent.v1.BootSetting
-	(*PowerObservation)(nil),     // 19: obmesh.agent.v1.PowerObservation
-	(*EventRequest)(nil),         // 20: obmesh.agent.v1.EventRequest
-	(*EventSpec)(nil),            // 21: obmesh.agent.v1.EventSpec
-	(*TestEvent)(nil),            // 22: obmesh.agent.v1.TestEvent
-	(*EventCapabilities)(nil),    // 23: obmesh.agent.v1.EventCapabilities
-	(*BMCSubscription)(nil),      // 24: obmesh.agent.v1.BMCSubscription
-	(*EventResult)(nil),          // 25: obmesh.agent.v1.EventResult
-	(*RelayRequest)(nil),         // 26: obmesh.agent.v1.RelayRequest
-	(*DeadLetter)(nil),           // 27: obmesh.agent.v1.DeadLetter
-	(*RelayResult)(nil),          // 28: obmesh.agent.v1.RelayResult
-	(*RelayConfig)(nil),          // 29: obmesh.agent.v1.RelayConfig
-	(*RelayNode)(nil),            // 30: obmesh.agent.v1.RelayNode
-	(*RelaySubscriber)(nil),      // 31: obmesh.agent.v1.RelaySubscriber
-	(*RelayReport)(nil),          // 32: obmesh.agent.v1.RelayReport
-	(*RelaySubscriberStats)(nil), // 33: obmesh.agent.v1.RelaySubscriberStats
-	(*RelayNodeStats)(nil),       // 34: obmesh.agent.v1.RelayNodeStats
-	(*RelayNotice)(nil),          // 35: obmesh.agent.v1.RelayNotice
-	(*RelayEvent)(nil),           // 36: obmesh.agent.v1.RelayEvent
-	(*PowerSyncAssignment)(nil),  // 37: obmesh.agent.v1.PowerSyncAssignment
-	(*PowerSyncTarget)(nil),      // 38: obmesh.agent.v1.PowerSyncTarget
-	(*PowerSyncReport)(nil),      // 39: obmesh.agent.v1.PowerSyncReport
-	(*NodeObservation)(nil),      // 40: obmesh.agent.v1.NodeObservation
-	nil,                          // 41: obmesh.agent.v1.Node.OptionsEntry
-	nil,                          // 42: obmesh.agent.v1.OperationResult.IdentityEntry
-	nil,                          // 43: obmesh.agent.v1.EventSpec.HeadersEntry
-	nil,                          // 44: obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	(*ConsoleRequest)(nil),       // 1: obmesh.agent.v1.ConsoleRequest
+	(*AgentMessage)(nil),         // 2: obmesh.agent.v1.AgentMessage
+	(*CoordinatorMessage)(nil),   // 3: obmesh.agent.v1.CoordinatorMessage
+	(*Hello)(nil),                // 4: obmesh.agent.v1.Hello
+	(*Driver)(nil),               // 5: obmesh.agent.v1.Driver
+	(*DriverReport)(nil),         // 6: obmesh.agent.v1.DriverReport
+	(*Welcome)(nil),              // 7: obmesh.agent.v1.Welcome
+	(*HeartbeatAck)(nil),         // 8: obmesh.agent.v1.HeartbeatAck
+	(*Redirect)(nil),             // 9: obmesh.agent.v1.Redirect
+	(*Heartbeat)(nil),            // 10: obmesh.agent.v1.Heartbeat
+	(*Node)(nil),                 // 11: obmesh.agent.v1.Node
+	(*Operation)(nil),            // 12: obmesh.agent.v1.Operation
+	(*Cancel)(nil),               // 13: obmesh.agent.v1.Cancel
+	(*ResultAck)(nil),            // 14: obmesh.agent.v1.ResultAck
+	(*FateQuery)(nil),            // 15: obmesh.agent.v1.FateQuery
+	(*FateReport)(nil),           // 16: obmesh.agent.v1.FateReport
+	(*Fate)(nil),                 // 17: obmesh.agent.v1.Fate
+	(*OperationResult)(nil),      // 18: obmesh.agent.v1.OperationResult
+	(*BootSetting)(nil),          // 19: obmesh.agent.v1.BootSetting
+	(*PowerObservation)(nil),     // 20: obmesh.agent.v1.PowerObservation
+	(*EventRequest)(nil),         // 21: obmesh.agent.v1.EventRequest
+	(*EventSpec)(nil),            // 22: obmesh.agent.v1.EventSpec
+	(*TestEvent)(nil),            // 23: obmesh.agent.v1.TestEvent
+	(*EventCapabilities)(nil),    // 24: obmesh.agent.v1.EventCapabilities
+	(*BMCSubscription)(nil),      // 25: obmesh.agent.v1.BMCSubscription
+	(*EventResult)(nil),          // 26: obmesh.agent.v1.EventResult
+	(*RelayRequest)(nil),         // 27: obmesh.agent.v1.RelayRequest
+	(*DeadLetter)(nil),           // 28: obmesh.agent.v1.DeadLetter
+	(*RelayResult)(nil),          // 29: obmesh.agent.v1.RelayResult
+	(*RelayConfig)(nil),          // 30: obmesh.agent.v1.RelayConfig
+	(*RelayNode)(nil),            // 31: obmesh.agent.v1.RelayNode
+	(*RelaySubscriber)(nil),      // 32: obmesh.agent.v1.RelaySubscriber
+	(*RelayReport)(nil),          // 33: obmesh.agent.v1.RelayReport
+	(*RelaySubscriberStats)(nil), // 34: obmesh.agent.v1.RelaySubscriberStats
+	(*RelayNodeStats)(nil),       // 35: obmesh.agent.v1.RelayNodeStats
+	(*RelayNotice)(nil),          // 36: obmesh.agent.v1.RelayNotice
+	(*RelayEvent)(nil),           // 37: obmesh.agent.v1.RelayEvent
+	(*PowerSyncAssignment)(nil),  // 38: obmesh.agent.v1.PowerSyncAssignment
+	(*PowerSyncTarget)(nil),      // 39: obmesh.agent.v1.PowerSyncTarget
+	(*PowerSyncReport)(nil),      // 40: obmesh.agent.v1.PowerSyncReport
+	(*NodeObservation)(nil),      // 41: obmesh.agent.v1.NodeObservation
+	nil,                          // 42: obmesh.agent.v1.Node.OptionsEntry
+	nil,                          // 43: obmesh.agent.v1.OperationResult.IdentityEntry
+	nil,                          // 44: obmesh.agent.v1.EventSpec.HeadersEntry
+	nil,                          // 45: obmesh.agent.v1.RelaySubscriber.HeadersEntry
 }
 var file_internal_agentpb_agent_proto_depIdxs = []int32{
-	3,  // 0: obmesh.agent.v1.AgentMessage.hello:type_name -> obmesh.agent.v1.Hello
-	17, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
-	9,  // 2: obmesh.agent.v1.AgentMessage.heartbeat:type_name -> obmesh.agent.v1.Heartbeat
-	32, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
-	36, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
-	15, // 5: obmesh.agent.v1.AgentMessage.fate_report:type_name -> obmesh.agent.v1.FateReport
-	5,  // 6: obmesh.agent.v1.AgentMessage.driver_report:type_name -> obmesh.agent.v1.DriverReport
-	39, // 7: obmesh.agent.v1.AgentMessage.power_sync_report:type_name -> obmesh.agent.v1.PowerSyncReport
-	6,  // 8: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
-	11, // 9: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
-	12, // 10: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
-	8,  // 11: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
-	29, // 12: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
-	13, // 13: obmesh.agent.v1.CoordinatorMessage.result_ack:type_name -> obmesh.agent.v1.ResultAck
-	14, // 14: obmesh.agent.v1.CoordinatorMessage.fate_query:type_name -> obmesh.agent.v1.FateQuery
-	37, // 15: obmesh.agent.v1.CoordinatorMessage.power_sync:type_name -> obmesh.agent.v1.PowerSyncAssignment
-	7,  // 16: obmesh.agent.v1.CoordinatorMessage.heartbeat_ack:type_name -> obmesh.agent.v1.HeartbeatAck
-	4,  // 17: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
-	4,  // 18: obmesh.agent.v1.DriverReport.drivers:type_name -> obmesh.agent.v1.Driver
-	41, // 19: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
-	10, // 20: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
-	20, // 21: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
-	26, // 22: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
-	16, // 23: obmesh.agent.v1.FateReport.fates:type_name -> obmesh.agent.v1.Fate
-	42, // 24: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
-	25, // 25: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
-	28, // 26: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
-	19, // 27: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
-	18, // 28: obmesh.agent.v1.OperationResult.boot:type_name -> obmesh.agent.v1.BootSetting
-	21, // 29: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
-	22, // 30: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
-	43, // 31: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
-	23, // 32: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
-	24, // 33: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
-	24, // 34: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
-	27, // 35: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
-	30, // 36: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
-	31, // 37: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
-	44, // 38: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
-	33, // 39: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
-	34, // 40: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
-	35, // 41: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
-	38, // 42: obmesh.agent.v1.PowerSyncAssignment.targets:type_name -> obmesh.agent.v1.PowerSyncTarget
-	10, // 43: obmesh.agent.v1.PowerSyncTarget.node:type_name -> obmesh.agent.v1.Node
-	40, // 44: obmesh.agent.v1.PowerSyncReport.observations:type_name -> obmesh.agent.v1.NodeObservation
-	1,  // 45: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
-	0,  // 46: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
-	2,  // 47: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
-	0,  // 48: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
-	47, // [47:49] is the sub-list for method output_type
-	45, // [45:47] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	4,  // 0: obmesh.agent.v1.AgentMessage.hello:type_name -> obmesh.agent.v1.Hello
+	18, // 1: obmesh.agent.v1.AgentMessage.result:type_name -> obmesh.agent.v1.OperationResult
+	10, // 2: obmesh.agent.v1.AgentMessage.heartbeat:type_name -> obmesh.agent.v1.Heartbeat
+	33, // 3: obmesh.agent.v1.AgentMessage.relay_report:type_name -> obmesh.agent.v1.RelayReport
+	37, // 4: obmesh.agent.v1.AgentMessage.relay_event:type_name -> obmesh.agent.v1.RelayEvent
+	16, // 5: obmesh.agent.v1.AgentMessage.fate_report:type_name -> obmesh.agent.v1.FateReport
+	6,  // 6: obmesh.agent.v1.AgentMessage.driver_report:type_name -> obmesh.agent.v1.DriverReport
+	40, // 7: obmesh.agent.v1.AgentMessage.power_sync_report:type_name -> obmesh.agent.v1.PowerSyncReport
+	7,  // 8: obmesh.agent.v1.CoordinatorMessage.welcome:type_name -> obmesh.agent.v1.Welcome
+	12, // 9: obmesh.agent.v1.CoordinatorMessage.operation:type_name -> obmesh.agent.v1.Operation
+	13, // 10: obmesh.agent.v1.CoordinatorMessage.cancel:type_name -> obmesh.agent.v1.Cancel
+	9,  // 11: obmesh.agent.v1.CoordinatorMessage.redirect:type_name -> obmesh.agent.v1.Redirect
+	30, // 12: obmesh.agent.v1.CoordinatorMessage.relay_config:type_name -> obmesh.agent.v1.RelayConfig
+	14, // 13: obmesh.agent.v1.CoordinatorMessage.result_ack:type_name -> obmesh.agent.v1.ResultAck
+	15, // 14: obmesh.agent.v1.CoordinatorMessage.fate_query:type_name -> obmesh.agent.v1.FateQuery
+	38, // 15: obmesh.agent.v1.CoordinatorMessage.power_sync:type_name -> obmesh.agent.v1.PowerSyncAssignment
+	8,  // 16: obmesh.agent.v1.CoordinatorMessage.heartbeat_ack:type_name -> obmesh.agent.v1.HeartbeatAck
+	5,  // 17: obmesh.agent.v1.Hello.drivers:type_name -> obmesh.agent.v1.Driver
+	5,  // 18: obmesh.agent.v1.DriverReport.drivers:type_name -> obmesh.agent.v1.Driver
+	42, // 19: obmesh.agent.v1.Node.options:type_name -> obmesh.agent.v1.Node.OptionsEntry
+	11, // 20: obmesh.agent.v1.Operation.node:type_name -> obmesh.agent.v1.Node
+	21, // 21: obmesh.agent.v1.Operation.event:type_name -> obmesh.agent.v1.EventRequest
+	27, // 22: obmesh.agent.v1.Operation.relay:type_name -> obmesh.agent.v1.RelayRequest
+	1,  // 23: obmesh.agent.v1.Operation.console:type_name -> obmesh.agent.v1.ConsoleRequest
+	17, // 24: obmesh.agent.v1.FateReport.fates:type_name -> obmesh.agent.v1.Fate
+	43, // 25: obmesh.agent.v1.OperationResult.identity:type_name -> obmesh.agent.v1.OperationResult.IdentityEntry
+	26, // 26: obmesh.agent.v1.OperationResult.event:type_name -> obmesh.agent.v1.EventResult
+	29, // 27: obmesh.agent.v1.OperationResult.relay:type_name -> obmesh.agent.v1.RelayResult
+	20, // 28: obmesh.agent.v1.OperationResult.power_observed:type_name -> obmesh.agent.v1.PowerObservation
+	19, // 29: obmesh.agent.v1.OperationResult.boot:type_name -> obmesh.agent.v1.BootSetting
+	22, // 30: obmesh.agent.v1.EventRequest.spec:type_name -> obmesh.agent.v1.EventSpec
+	23, // 31: obmesh.agent.v1.EventRequest.test:type_name -> obmesh.agent.v1.TestEvent
+	44, // 32: obmesh.agent.v1.EventSpec.headers:type_name -> obmesh.agent.v1.EventSpec.HeadersEntry
+	24, // 33: obmesh.agent.v1.EventResult.capabilities:type_name -> obmesh.agent.v1.EventCapabilities
+	25, // 34: obmesh.agent.v1.EventResult.subscriptions:type_name -> obmesh.agent.v1.BMCSubscription
+	25, // 35: obmesh.agent.v1.EventResult.created:type_name -> obmesh.agent.v1.BMCSubscription
+	28, // 36: obmesh.agent.v1.RelayResult.dead_letters:type_name -> obmesh.agent.v1.DeadLetter
+	31, // 37: obmesh.agent.v1.RelayConfig.nodes:type_name -> obmesh.agent.v1.RelayNode
+	32, // 38: obmesh.agent.v1.RelayNode.subscribers:type_name -> obmesh.agent.v1.RelaySubscriber
+	45, // 39: obmesh.agent.v1.RelaySubscriber.headers:type_name -> obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	34, // 40: obmesh.agent.v1.RelayReport.subscribers:type_name -> obmesh.agent.v1.RelaySubscriberStats
+	35, // 41: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
+	36, // 42: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
+	39, // 43: obmesh.agent.v1.PowerSyncAssignment.targets:type_name -> obmesh.agent.v1.PowerSyncTarget
+	11, // 44: obmesh.agent.v1.PowerSyncTarget.node:type_name -> obmesh.agent.v1.Node
+	41, // 45: obmesh.agent.v1.PowerSyncReport.observations:type_name -> obmesh.agent.v1.NodeObservation
+	2,  // 46: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
+	0,  // 47: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
+	3,  // 48: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
+	0,  // 49: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
+	48, // [48:50] is the sub-list for method output_type
+	46, // [46:48] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_internal_agentpb_agent_proto_init() }
@@ -3979,7 +4208,7 @@ func file_internal_agentpb_agent_proto_init() {
 	if File_internal_agentpb_agent_proto != nil {
 		return
 	}
-	file_internal_agentpb_agent_proto_msgTypes[1].OneofWrappers = []any{
+	file_internal_agentpb_agent_proto_msgTypes[2].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Result)(nil),
 		(*AgentMessage_Heartbeat)(nil),
@@ -3989,7 +4218,7 @@ func file_internal_agentpb_agent_proto_init() {
 		(*AgentMessage_DriverReport)(nil),
 		(*AgentMessage_PowerSyncReport)(nil),
 	}
-	file_internal_agentpb_agent_proto_msgTypes[2].OneofWrappers = []any{
+	file_internal_agentpb_agent_proto_msgTypes[3].OneofWrappers = []any{
 		(*CoordinatorMessage_Welcome)(nil),
 		(*CoordinatorMessage_Operation)(nil),
 		(*CoordinatorMessage_Cancel)(nil),
@@ -4006,7 +4235,7 @@ func file_internal_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_agentpb_agent_proto_rawDesc), len(file_internal_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   45,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
