@@ -28,6 +28,7 @@ type Config struct {
 	AgentLink  AgentLinkConfig  `toml:"agent_link"`
 	Operations OperationsConfig `toml:"operations"`
 	Events     EventsConfig     `toml:"events"`
+	Metrics    MetricsConfig    `toml:"metrics"`
 }
 
 // HTTPConfig configures the API listener.
@@ -153,6 +154,7 @@ func DefaultConfig() Config {
 		Operations: OperationsConfig{DefaultTimeout: config.Duration(30 * time.Second), DefaultSite: "default", StartBy: config.Duration(10 * time.Second)},
 		Events: EventsConfig{ResyncInterval: config.Duration(10 * time.Minute), RateQPS: 10, RateBurst: 100,
 			DeleteTimeout: config.Duration(5 * time.Minute), AgentGrace: config.Duration(30 * time.Second)},
+		Metrics: MetricsConfig{OnAPI: true},
 	}
 }
 

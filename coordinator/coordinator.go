@@ -34,6 +34,7 @@ import (
 	"github.com/obmesh/obmesh/coordinator/webui"
 	"github.com/obmesh/obmesh/hilproxy"
 	"github.com/obmesh/obmesh/internal/agentpb"
+	"github.com/obmesh/obmesh/internal/metrics"
 	"github.com/obmesh/obmesh/internal/tlsutil"
 )
 
@@ -51,6 +52,8 @@ type Server struct {
 	linkAddr string
 	store    *store.Store
 	registry *ops.Registry
+	metrics  *metrics.Registry
+	monAddr  string
 }
 
 // New validates cfg and returns a coordinator. It does no I/O.
@@ -72,6 +75,13 @@ func (s *Server) LinkAddr() string { s.mu.Lock(); defer s.mu.Unlock(); return s.
 
 // Store is the Raft store (valid after Ready).
 func (s *Server) Store() *store.Store { s.mu.Lock(); defer s.mu.Unlock(); return s.store }
+
+// Metrics is the coordinator's metrics registry (valid after Ready).
+func (s *Server) Metrics() *metrics.Registry { s.mu.Lock(); defer s.mu.Unlock(); return s.metrics }
+
+// MetricsAddr is the bound [metrics] listen address, empty without one
+// (valid after Ready).
+func (s *Server) MetricsAddr() string { s.mu.Lock(); defer s.mu.Unlock(); return s.monAddr }
 
 // Run opens everything, serves until ctx ends, then shuts down and returns
 // after every goroutine it started has exited.
@@ -98,11 +108,15 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("agent link: %w", err)
 	}
+	// One registry per run: every component registers its metrics on reg
+	// (metrics.go lists the coordinator's own).
+	reg := metrics.NewRegistry()
+	cm := newCoordMetrics(reg)
 	st, err := store.New(store.Config{
 		ID: s.cfg.Name, Dir: s.cfg.DataDir, BindAddr: s.cfg.Raft.Listen, AdvertiseAddr: s.cfg.Raft.Advertise,
 		Bootstrap: s.cfg.Raft.Bootstrap, SnapshotThreshold: s.cfg.Raft.SnapshotThreshold,
 		SnapshotInterval: s.cfg.Raft.SnapshotInterval.D(), TrailingLogs: s.cfg.Raft.TrailingLogs,
-		ServerTLS: linkTLS, ClientTLS: clientTLS,
+		ServerTLS: linkTLS, ClientTLS: clientTLS, ObserveApply: cm.raftApply,
 	}, s.logger)
 	if err != nil {
 		return err
@@ -143,7 +157,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		OnRelayReport: relay.report,
 		OnRelayEvent:  relay.event},
 		leadership{st, members}, s.logger)
-	runner = ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D(), StartBy: s.cfg.Operations.StartBy.D()}, st.State(), keys, svc, st, st, s.logger)
+	runner = ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D(), StartBy: s.cfg.Operations.StartBy.D(), Observe: cm.operation}, st.State(), keys, svc, st, st, s.logger)
 	// Event subscriptions: the service the API calls, the relay traffic of
 	// the agent link, and the reconciler it runs while this member leads.
 	evs := events.New(events.Config{
@@ -173,7 +187,16 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		})
 	}
 	members.SetHandler(memberRequests(local))
-	root := forwarding(st, cluster.NewForwarder(members), local, s.logger)
+	cm.watch(st, svc.Connected)
+	root := cm.monitoring(s.cfg.Metrics, st, forwarding(st, cluster.NewForwarder(members), local, s.logger))
+	var monSrv *metrics.Server
+	if s.cfg.Metrics.Listen != "" {
+		if monSrv, err = metrics.Listen(s.cfg.Metrics.Listen, metrics.Mux(reg, func() (bool, string) { return cm.ready(st) }), s.logger); err != nil {
+			httpLn.Close()
+			linkLn.Close()
+			return err
+		}
+	}
 	if gate := s.cfg.HTTP.Gate; gate != nil {
 		inner := root
 		root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -196,10 +219,14 @@ func (s *Server) Run(ctx context.Context) (err error) {
 
 	s.mu.Lock()
 	s.httpAddr, s.linkAddr, s.store, s.registry = httpLn.Addr().String(), linkLn.Addr().String(), st, registry
+	s.metrics = reg
+	if monSrv != nil {
+		s.monAddr = monSrv.Addr()
+	}
 	s.mu.Unlock()
 
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	wg.Go(func() {
 		var err error
 		if s.cfg.HTTP.TLSCert != "" {
@@ -262,6 +289,13 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		}
 	})
 	wg.Go(func() { evs.Run(wctx) })
+	if monSrv != nil {
+		wg.Go(func() {
+			if err := monSrv.Run(wctx); err != nil && wctx.Err() == nil {
+				errc <- fmt.Errorf("metrics: %w", err)
+			}
+		})
+	}
 	s.logger.Info("coordinator started", "http", s.httpAddr, "agent_link", s.linkAddr, "raft", st.RaftAddr())
 	close(s.ready)
 
