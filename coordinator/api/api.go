@@ -39,6 +39,8 @@ type Node struct {
 	BMC map[string]string `json:"bmc,omitempty"`
 	// Power is the last power state the leader saw (node list and show).
 	Power *PowerReading `json:"power,omitempty"`
+	// Observed is the power sync's view of the node (observed.go).
+	Observed *Observed `json:"observed,omitempty"`
 	// Warnings are things a registration or update accepted but that will
 	// stop operations from working (no agent serves the node's site yet,
 	// its options could not be checked).

@@ -138,6 +138,10 @@ type Event struct {
 	Message    string    `json:"message,omitempty"`
 	Origin     string    `json:"origin,omitempty"`
 	Timestamp  string    `json:"timestamp,omitempty"`
+	// Kind is empty for a BMC's event, or an obmesh event such as
+	// EventPowerChanged (whose Power says from what to what).
+	Kind  string       `json:"kind,omitempty"`
+	Power *PowerChange `json:"power,omitempty"`
 }
 
 func subscriptionPath(id string, rest ...string) string {
