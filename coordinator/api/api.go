@@ -18,6 +18,7 @@ type NodeSpec struct {
 	Username string            `json:"username,omitempty"`
 	Password string            `json:"password,omitempty"`
 	Options  map[string]string `json:"options,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
 }
 
 // Node is a registered node as the API shows it.
@@ -28,6 +29,7 @@ type Node struct {
 	Address  string            `json:"address,omitempty"`
 	Username string            `json:"username,omitempty"`
 	Options  map[string]string `json:"options,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
 	// HasPassword reports whether a sealed password is stored;
 	// CredentialKeyID names the keyring key that sealed it.
 	HasPassword     bool      `json:"has_password"`
