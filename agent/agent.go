@@ -9,6 +9,13 @@
 // subscription operations (event_*) and relay operations (relay_*) are
 // fenced the same way.
 //
+// Link fence (fence.go): the agent never begins an operation once the
+// coordinator that sent it may have given the agent up (its heartbeats
+// unacknowledged for lost_after, on the agent's own monotonic clock), nor
+// once the link it came on has ended; it answers "not_started" instead. An
+// operation that sat in a silent link's buffers and arrives when the link
+// heals is refused this way, without any clock sync.
+//
 // No late surprises: an operation also carries a start-by deadline. The
 // agent refuses (class "not_started") one it receives after it, or that
 // reaches the BMC's turn in the per-BMC queue after it (a stalled link, a
@@ -563,6 +570,7 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 		hello.RelayUrl, hello.RelayFingerprint = a.relay.URL(), a.relay.Fingerprint()
 	}
 	hello.Drivers, hello.PluginWarnings = driversPB(a.host), a.host.Warnings()
+	hello.SentMonoNs = monoNow() // link fence (fence.go)
 	if err := send(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_Hello{Hello: hello}}); err != nil {
 		helloTimer.Stop()
 		return false, err
@@ -582,6 +590,8 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 		return false, errors.New("coordinator sent no welcome")
 	}
 	a.raiseEpoch(w.Epoch)
+	fence := newLinkFence(w) // fence.go
+	defer fence.close()
 	a.connected.Store(true)
 	a.logger.Info("connected to coordinator", "coordinator", w.CoordinatorId, "addr", addr, "epoch", w.Epoch)
 
@@ -607,7 +617,7 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 			case <-sctx.Done():
 				return
 			case now := <-t.C:
-				if err := send(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_Heartbeat{Heartbeat: &agentpb.Heartbeat{SentUnixNano: now.UnixNano()}}}); err != nil {
+				if err := send(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_Heartbeat{Heartbeat: &agentpb.Heartbeat{SentUnixNano: now.UnixNano(), SentMonoNs: monoNow()}}}); err != nil {
 					cancel()
 					return
 				}
@@ -633,6 +643,12 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 				continue
 			}
 			a.raiseEpoch(op.Epoch)
+			if err := a.fenced(withFence(sctx, fence), op); err != nil {
+				// Delivered after its coordinator may have given this agent
+				// up (a link that went silent, then healed).
+				a.deliver(result(op.Id, time.Now(), 0, err, nil))
+				continue
+			}
 			if dl := time.Unix(0, op.DeadlineUnixNano); time.Now().After(dl) {
 				// Delivered after its deadline (a link that stalled and
 				// came back): the caller has given up; never run it late.
@@ -660,7 +676,7 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 			// Other operations run to their end even if this link drops:
 			// half-done BMC work is not abandoned, and the result goes out
 			// on whichever link is up when it is ready.
-			octx, ocancel := context.WithDeadline(runCtx, deadline)
+			octx, ocancel := context.WithDeadline(withFence(runCtx, fence), deadline)
 			a.opsMu.Lock()
 			a.inflight[op.Id] = ocancel
 			a.opsMu.Unlock()
@@ -677,6 +693,8 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 			a.queueRelayConfig(m.GetRelayConfig())
 		case m.GetResultAck() != nil:
 			a.acked(m.GetResultAck().Ids)
+		case m.GetHeartbeatAck() != nil:
+			fence.ack(m.GetHeartbeatAck().HeardMonoNs)
 		case m.GetFateQuery() != nil:
 			send(a.fates(m.GetFateQuery()))
 		case m.GetCancel() != nil:
@@ -837,8 +855,14 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 			a.logger.Warn("refusing an operation whose turn at the BMC came after its start-by deadline", "op", op.Id, "late_by", late)
 			return sdk.Errorf(classNotStarted, "operation reached the BMC %v after its start-by deadline; not carried out", late.Round(time.Millisecond))
 		}
+		if err := a.fenced(ctx, op); err != nil {
+			return err
+		}
 		if err := a.begin(op.Id); err != nil {
 			return err
+		}
+		if err := a.fenced(ctx, op); err != nil {
+			return err // the journal write took the rest of the fence
 		}
 		t0 := time.Now()
 		defer func() { pluginTime = time.Since(t0) }()
