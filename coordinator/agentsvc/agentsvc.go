@@ -21,6 +21,12 @@
 // ErrOutcomeUnknown, without waiting for the transport's keepalive to
 // notice a hung peer.
 //
+// Fencing (fence.go): the service echoes the monotonic stamp of the
+// agent's hello and of each heartbeat it receives and tells the agent its
+// give-up time, so the agent never begins an operation of this link (one
+// delivered late by a link that healed) after the service may have
+// answered it "unknown".
+//
 // Results: an agent keeps every result in an outbox until the coordinator
 // acknowledges it (Ack, once the receipt is recorded) and re-sends the
 // outbox on every new link; results nobody waits for go to
@@ -192,6 +198,9 @@ type conn struct {
 	pending      map[string]chan *agentpb.OperationResult
 	closed       bool
 	gone         string // why the stream ended, for Dispatch's error; set with closed
+	heardMono    int64  // the latest heartbeat stamp received, echoed by ackHeartbeats (fence.go)
+
+	ackKick chan struct{} // capacity 1: a heartbeat stamp awaits its echo
 }
 
 func (c *conn) send(m *agentpb.CoordinatorMessage) error {
@@ -264,10 +273,10 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 	defer cancel()
 	c := &conn{id: hello.AgentId, sites: slices.Clone(hello.Sites), drivers: driverNames, driverHealth: health, warnings: clipAll(hello.PluginWarnings), version: hello.Version,
 		relayURL: hello.RelayUrl, relayFP: hello.RelayFingerprint, relayKick: make(chan struct{}, 1),
-		stream: stream, cancel: cancel, lastContact: time.Now(), pending: map[string]chan *agentpb.OperationResult{}}
-	if err := c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{
+		stream: stream, cancel: cancel, lastContact: time.Now(), pending: map[string]chan *agentpb.OperationResult{}, ackKick: make(chan struct{}, 1)}
+	if err := c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: s.fenceWelcome(&agentpb.Welcome{
 		Epoch: s.lead.Epoch(), CoordinatorId: s.cfg.ID, HeartbeatIntervalMs: s.cfg.Heartbeat.Milliseconds(),
-	}}}); err != nil {
+	}, hello)}}); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -283,6 +292,7 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 		s.bg.Go(func() { s.cfg.OnAgentReady(c.id) })
 	}
 	inbox := s.startRelay(cctx, c)
+	s.bg.Go(func() { s.ackHeartbeats(cctx, c) })
 
 	gone, lost := "disconnected", false
 	defer func() {
@@ -340,6 +350,9 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 			}
 			if r := m.GetDriverReport(); r != nil {
 				s.setDrivers(c, r)
+			}
+			if hb := m.GetHeartbeat(); hb != nil {
+				c.heard(hb)
 			}
 		}
 	}()
