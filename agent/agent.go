@@ -136,6 +136,7 @@ type Agent struct {
 	relayAck   chan struct{}        // capacity 1: a configuration was applied; report it now
 	sessMu     sync.Mutex
 	sessCancel context.CancelFunc // ends the current link (to announce a change)
+	metrics    *agentMetrics      // metrics.go
 }
 
 // maxOutbox bounds the unacknowledged results kept; maxSeen the operation
@@ -409,6 +410,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 		}
 		a.relay = r
 	}
+	a.metrics = newAgentMetrics(a)
 	return a, nil
 }
 
@@ -452,6 +454,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err := a.startRelay(ctx, rctx, &wg); err != nil {
 			return err
 		}
+	}
+	if err := a.serveMetrics(rctx, &wg); err != nil {
+		return err
 	}
 
 	backoff := a.cfg.Link.BackoffMin.D()
@@ -593,6 +598,7 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 	fence := newLinkFence(w) // fence.go
 	defer fence.close()
 	a.connected.Store(true)
+	a.metrics.linkSessions.Inc()
 	a.logger.Info("connected to coordinator", "coordinator", w.CoordinatorId, "addr", addr, "epoch", w.Epoch)
 
 	var wg sync.WaitGroup
@@ -925,6 +931,7 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 	})
 	err = scrub(interrupted(op.Action, err), eventSecrets(op.GetEvent(), pn.Password)...)
 	a.logger.Info("operation", "op", op.Id, "node", pn.Name, "action", op.Action, "ok", err == nil, "class", sdk.ClassOf(err))
+	a.metrics.operation(pn.Driver, op.Action, err, time.Since(start))
 	m := result(op.Id, start, pluginTime, err, status)
 	if err == nil {
 		m.GetResult().Identity = ident

@@ -25,6 +25,7 @@ type Config struct {
 	Plugins PluginsConfig `toml:"plugins"`
 	Link    LinkConfig    `toml:"link"`
 	Relay   RelayConfig   `toml:"relay"`
+	Metrics MetricsConfig `toml:"metrics"`
 
 	// PluginCommand makes the command that runs a built-in driver; nil
 	// means re-executing this binary as "obmesh plugin <name>".
