@@ -64,7 +64,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -83,6 +82,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/obmesh/obmesh/agent/consoles"
 	"github.com/obmesh/obmesh/agent/pluginhost"
 	"github.com/obmesh/obmesh/agent/relay"
 	"github.com/obmesh/obmesh/internal/agentpb"
@@ -95,9 +95,10 @@ var Version = "0.1.0-dev"
 
 // Agent is one agent.
 type Agent struct {
-	cfg    Config
-	logger *slog.Logger
-	host   *pluginhost.Host
+	cfg      Config
+	logger   *slog.Logger
+	host     *pluginhost.Host
+	consoles *consoles.Manager // the shared console sessions (agent/consoles)
 
 	highestEpoch atomic.Uint64
 	connected    atomic.Bool
@@ -400,6 +401,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	logger = logger.With("agent", cfg.ID)
 	a := &Agent{cfg: cfg, logger: logger, inflight: map[string]context.CancelFunc{}, relayKick: make(chan struct{}, 1),
 		outbox: map[string]*agentpb.AgentMessage{}, seen: map[string]time.Time{}, refused: map[string]bool{}, began: map[string]bool{}, done: map[string]bool{}, horizon: time.Now(), relayAck: make(chan struct{}, 1),
+		consoles: consoles.New(cfg.Consoles, logger),
 		host: pluginhost.New(pluginhost.Config{Commands: cmds, Dir: cfg.Plugins.Dir, RestartBackoff: cfg.Plugins.RestartBackoff.D(),
 			RescanInterval: cfg.Plugins.RescanInterval.D()}, logger)}
 	if cfg.Relay.Enabled() {
@@ -445,7 +447,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	// BMCs keep posting while the agent looks for a leader.
 	rctx, rcancel := context.WithCancel(context.Background())
 	defer func() {
-		a.opsWG.Wait() // operations end with ctx (their parent) before the plugins stop
+		a.opsWG.Wait()     // operations end with ctx (their parent) before the plugins stop
+		a.consoles.Close() // console sessions too (their viewers ended with the links)
 		rcancel()
 		hcancel()
 		wg.Wait()
@@ -668,7 +671,7 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 				continue
 			}
 			deadline := time.Unix(0, op.DeadlineUnixNano).Add(-resultMargin)
-			if op.Action == "console_open" {
+			if op.Action == "console_open" || op.Action == "console_log" {
 				// A console lives on this link.
 				octx, ocancel := context.WithDeadline(sctx, deadline)
 				wg.Go(func() {
@@ -739,84 +742,6 @@ func (a *Agent) raiseEpoch(e uint64) {
 		cur := a.highestEpoch.Load()
 		if e <= cur || a.highestEpoch.CompareAndSwap(cur, e) {
 			return
-		}
-	}
-}
-
-// console opens a node's console (bounded by openCtx) and serves it over a
-// Console stream until either end closes it (bounded by linkCtx). It returns
-// a failed result when the console could not be opened, nil otherwise.
-func (a *Agent) console(openCtx, linkCtx context.Context, cc *grpc.ClientConn, op *agentpb.Operation) *agentpb.AgentMessage {
-	start := time.Now()
-	pn := op.GetNode()
-	if pn == nil {
-		return result(op.Id, start, 0, sdk.Errorf(sdk.ClassInvalid, "operation without a node"), nil)
-	}
-	n := sdk.Node{Name: pn.Name, Key: pn.Key, Address: pn.Address, Username: pn.Username, Password: sdk.Secret(pn.Password), Options: pn.Options}
-	con, err := a.host.OpenConsole(openCtx, pn.Driver, n)
-	if err != nil {
-		a.logger.Info("console open failed", "op", op.Id, "node", pn.Name, "class", sdk.ClassOf(err))
-		return result(op.Id, start, 0, scrub(err, pn.Password), nil)
-	}
-	defer con.Close()
-	cctx, cancel := context.WithCancel(linkCtx)
-	defer cancel()
-	stream, err := agentpb.NewAgentLinkClient(cc).Console(cctx)
-	if err == nil {
-		err = stream.Send(&agentpb.ConsoleFrame{OpId: op.Id})
-	}
-	if err != nil {
-		return result(op.Id, start, 0, sdk.Errorf(sdk.ClassPlugin, "open console stream to the coordinator: %v", err), nil)
-	}
-	a.logger.Info("console opened", "op", op.Id, "node", pn.Name)
-	defer a.logger.Info("console closed", "op", op.Id, "node", pn.Name)
-
-	// The receive loop types input and queues the coordinator's pulls; when
-	// the coordinator ends the stream it closes the console, which ends a
-	// blocked Read below.
-	wantRead := make(chan struct{}, 16)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	wg.Go(func() {
-		defer close(done)
-		defer con.Close()
-		for {
-			f, err := stream.Recv()
-			if err != nil {
-				return
-			}
-			if len(f.Data) > 0 {
-				if _, err := con.Write(f.Data); err != nil {
-					return
-				}
-			}
-			if f.Read {
-				select {
-				case wantRead <- struct{}{}:
-				default:
-				}
-			}
-		}
-	})
-	buf := make([]byte, 4096)
-	for {
-		select {
-		case <-done:
-			return nil
-		case <-wantRead:
-		}
-		n, err := con.Read(buf)
-		f := &agentpb.ConsoleFrame{Data: append([]byte(nil), buf[:n]...)}
-		if err != nil {
-			f.Eof = true
-			if !errors.Is(err, io.EOF) {
-				f.Error = scrub(err, pn.Password).Error()
-			}
-		}
-		if serr := stream.Send(f); serr != nil || f.Eof {
-			return nil
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"time"
 
+	"github.com/obmesh/obmesh/agent/consoles"
 	"github.com/obmesh/obmesh/internal/config"
 )
 
@@ -25,7 +26,10 @@ type Config struct {
 	Plugins PluginsConfig `toml:"plugins"`
 	Link    LinkConfig    `toml:"link"`
 	Relay   RelayConfig   `toml:"relay"`
-	Metrics MetricsConfig `toml:"metrics"`
+	// Consoles configures the shared console sessions: history, linger,
+	// logging (package agent/consoles).
+	Consoles consoles.Config `toml:"consoles"`
+	Metrics  MetricsConfig   `toml:"metrics"`
 
 	// PluginCommand makes the command that runs a built-in driver; nil
 	// means re-executing this binary as "obmesh plugin <name>".
@@ -161,6 +165,9 @@ func (c *Config) Validate() error {
 				errs = append(errs, fmt.Errorf("relay.advertise %q must be an https URL such as https://10.0.0.5:8443", r.Advertise))
 			}
 		}
+	}
+	if err := c.Consoles.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

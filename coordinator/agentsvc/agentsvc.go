@@ -685,7 +685,7 @@ func (s *Service) Console(stream agentpb.AgentLink_ConsoleServer) error {
 	if err != nil {
 		return err
 	}
-	cs := &ConsoleStream{stream: stream, release: make(chan struct{})}
+	cs := &ConsoleStream{stream: stream, release: make(chan struct{}), first: first}
 	s.mu.Lock()
 	ch, ok := s.consoles[first.OpId]
 	// Only the agent the console_open was sent to (it is still pending
@@ -718,6 +718,7 @@ func (s *Service) Console(stream agentpb.AgentLink_ConsoleServer) error {
 // concurrently; Close is idempotent.
 type ConsoleStream struct {
 	stream  agentpb.AgentLink_ConsoleServer
+	first   *agentpb.ConsoleFrame // the agent's first frame (console.go)
 	release chan struct{}
 	once    sync.Once
 	sendMu  sync.Mutex
@@ -740,11 +741,7 @@ func (c *ConsoleStream) Read(p []byte) (int, error) {
 		if c.err != nil {
 			return 0, c.err
 		}
-		if err := c.send(&agentpb.ConsoleFrame{Read: true}); err != nil {
-			c.err = io.EOF
-			return 0, c.err
-		}
-		f, err := c.stream.Recv()
+		f, err := c.recv() // console.go
 		if err != nil {
 			c.err = io.EOF
 			return 0, c.err

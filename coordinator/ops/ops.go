@@ -56,6 +56,7 @@ const (
 	ActIdentity     = "identity"
 	ActBootGet      = "boot_get"
 	ActConsoleOpen  = "console_open"
+	ActConsoleLog   = "console_log" // console.go
 )
 
 // PowerAction maps an API power action to a link action.
@@ -103,6 +104,8 @@ type Request struct {
 	BootDevice string
 	Persistent bool
 	EFI        bool
+	// Console says how a console_open or console_log attaches (console.go).
+	Console *agentpb.ConsoleRequest
 }
 
 // Nodes is what the runner reads node records (and recorded receipts)
@@ -331,6 +334,7 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 			Username: n.Username, Password: password, Options: n.Options},
 	}
 	rec.Epoch = op.Epoch
+	op.Console = consoleRequest(req, n) // console.go
 	// An operation that changes something is recorded, naming its agent,
 	// before it is sent: if this leader dies now, the new one answers a
 	// lookup of its id with "unknown" (and can ask that agent) instead of
@@ -354,7 +358,7 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 	var err error
 	rd, recording := r.disp.(RecordingDispatcher)
 	switch {
-	case req.Action == ActConsoleOpen:
+	case req.Action == ActConsoleOpen || req.Action == ActConsoleLog:
 		res, cs, err = r.disp.OpenConsole(ctx, n.Site, n.Driver, op)
 	case recording:
 		res, err = rd.DispatchRecorded(ctx, n.Site, n.Driver, op, before)
@@ -931,7 +935,7 @@ func (r *Runner) settleByState(rec api.Receipt, why string) (api.Receipt, bool) 
 // recorded); reads and consoles are not.
 func changes(action string) bool {
 	switch action {
-	case ActPowerStatus, ActIdentity, ActConsoleOpen, ActBootGet:
+	case ActPowerStatus, ActIdentity, ActConsoleOpen, ActConsoleLog, ActBootGet:
 		return false
 	}
 	return true
