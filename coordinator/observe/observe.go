@@ -1,0 +1,355 @@
+// Package observe is the leader's side of the power sync: it splits the
+// nodes among the connected agents, takes in the agents' readings, writes
+// the observed power state and BMC health to the replicated state when they
+// change (never on every poll), detects power changes made outside obmesh
+// and publishes them as events.
+//
+// Assignment: each node is synced by exactly one agent: among the healthy
+// connected agents serving its site and offering its driver, the one with
+// the highest rendezvous hash of (agent, node). An agent that connects or
+// goes moves only the nodes it wins or held; the others keep their agent
+// and their schedule. The leader recomputes the shares when agents come or
+// go (agentsvc.ConnChanged) and every Resync, and sends an agent a new
+// assignment only when its share changed. After a leader change the agents
+// reconnect and are given their shares by the new leader; an agent whose
+// link ends drops its assignment, so a node is never polled by two agents
+// beyond the moment a reassignment is in flight.
+//
+// Writes: a reading is written (state.PutObserved, batched per report)
+// only when the node's power state, its health or its error class
+// changes. The last contact time is written with those changes; between
+// them the leader keeps the latest one (and the last read time and
+// latency) in memory, and the API shows the fresher of the two.
+//
+// Explained changes: a change of power state is the work of obmesh when a
+// power operation on the node is in flight (Config.Busy) or ended within
+// ExplainWindow (SoftOffWindow for soft_off, which an OS carries out late)
+// before the reading; otherwise it is "external": recorded in the node's
+// observed record (from, to, when) and published (api.EventPowerChanged).
+// A reading taken before the current state was recorded is stale and
+// ignored, so a sync read that raced an operation never undoes its result.
+package observe
+
+import (
+	"context"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/obmesh/obmesh/coordinator/agentsvc"
+	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/coordinator/state"
+	"github.com/obmesh/obmesh/internal/agentpb"
+)
+
+// Store is the replicated state and the way to change it.
+type Store interface {
+	State() *state.State
+	Apply(ctx context.Context, c state.Command) (state.Result, error)
+	IsLeader() bool
+}
+
+// Agents is the agent link service.
+type Agents interface {
+	Connected() []agentsvc.AgentStatus
+	ConnChanged() <-chan struct{}
+	KickPowerSync(agentIDs ...string)
+}
+
+// Opener opens a node's sealed credential.
+type Opener interface {
+	Open(s state.Sealed, owner string) ([]byte, error)
+}
+
+// Config configures the service.
+type Config struct {
+	// ExplainWindow: a power change read within this long after an obmesh
+	// power operation on the node ended is that operation's; zero means
+	// 2m. SoftOffWindow is the same for soft_off; zero means 10m.
+	ExplainWindow, SoftOffWindow time.Duration
+	// Resync is how often the shares are recomputed besides agents coming
+	// and going (nodes registered, changed, deleted); zero means 2s.
+	Resync time.Duration
+	// Busy reports whether an obmesh power operation on the node is in
+	// flight (ops.Runner.PowerInFlight); nil: never.
+	Busy func(node string) bool
+	// Publish, if set, receives the events of power changes made outside
+	// obmesh (events.Service.Publish).
+	Publish func(api.Event)
+}
+
+// Stats are the service's counters and the nodes by health, for metrics.
+type Stats struct {
+	// Reports and Observations are the agent reports and the readings
+	// they carried; Writes the PutObserved commands committed; Stale the
+	// readings ignored as older than the recorded state; Dropped the
+	// reports and receipts dropped because the queue was full.
+	Reports, Observations, Writes, Stale, Dropped uint64
+	// ExternalChanges counts power changes made outside obmesh.
+	ExternalChanges uint64
+	// Health counts registered nodes by replicated health ("" never
+	// contacted).
+	Health map[string]int
+}
+
+// memory is what the leader keeps of a node between writes.
+type memory struct {
+	key         string
+	lastRead    time.Time
+	lastContact time.Time
+	latency     time.Duration
+	agent       string
+	// sameAt is the last read that saw the recorded power state.
+	sameAt time.Time
+}
+
+// explain is an obmesh power operation that explains changes until until.
+type explain struct {
+	op    string
+	until time.Time
+}
+
+// work is one item for the ingest goroutine.
+type work struct {
+	agent  string
+	report *agentpb.PowerSyncReport
+	rec    *api.Receipt
+}
+
+// Service is the leader's power sync service. It is safe for concurrent use.
+type Service struct {
+	cfg    Config
+	store  Store
+	agents Agents
+	keys   Opener
+	logger *slog.Logger
+
+	queue chan work
+
+	mu       sync.Mutex
+	mem      map[string]*memory
+	explains map[string]explain
+	shares   map[string]uint64 // fingerprint of each agent's share, as last computed
+	version  atomic.Uint64
+
+	reports, observations, writes, stale, dropped, external atomic.Uint64
+}
+
+// queueSize bounds the reports and receipts waiting to be taken in.
+const queueSize = 1024
+
+// New returns a service. It does no I/O.
+func New(cfg Config, store Store, agents Agents, keys Opener, logger *slog.Logger) *Service {
+	if cfg.ExplainWindow <= 0 {
+		cfg.ExplainWindow = 2 * time.Minute
+	}
+	if cfg.SoftOffWindow <= 0 {
+		cfg.SoftOffWindow = 10 * time.Minute
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = 2 * time.Second
+	}
+	s := &Service{cfg: cfg, store: store, agents: agents, keys: keys, logger: logger.With("component", "observe"),
+		queue: make(chan work, queueSize), mem: map[string]*memory{}, explains: map[string]explain{}, shares: map[string]uint64{}}
+	s.version.Store(uint64(time.Now().UnixNano()))
+	return s
+}
+
+// Run takes in reports and keeps the shares current until ctx ends.
+func (s *Service) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.ingestLoop(ctx) })
+	t := time.NewTicker(s.cfg.Resync)
+	defer t.Stop()
+	for {
+		changed := s.agents.ConnChanged()
+		if s.store.IsLeader() {
+			s.reshare()
+		} else {
+			s.forget()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-t.C:
+		}
+	}
+}
+
+// forget drops the leader's memory (this member no longer leads).
+func (s *Service) forget() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.mem) > 0 || len(s.shares) > 0 {
+		clear(s.mem)
+		clear(s.shares)
+		clear(s.explains)
+	}
+}
+
+func (s *Service) ingestLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case w := <-s.queue:
+			if w.rec != nil {
+				s.takeOperation(ctx, *w.rec)
+			} else {
+				s.takeReport(ctx, w.agent, w.report)
+			}
+		}
+	}
+}
+
+func (s *Service) enqueue(w work) {
+	select {
+	case s.queue <- w:
+	default:
+		if n := s.dropped.Add(1); n&(n-1) == 0 {
+			s.logger.Warn("power sync input dropped: the queue is full", "dropped", n)
+		}
+	}
+}
+
+// OnReport takes an agent's report (agentsvc's callback). It never blocks.
+func (s *Service) OnReport(agentID string, r *agentpb.PowerSyncReport) {
+	s.reports.Add(1)
+	s.enqueue(work{agent: agentID, report: r})
+}
+
+// OnOperation hears of an operation that ended on this leader. It never
+// blocks.
+func (s *Service) OnOperation(rec api.Receipt) {
+	s.enqueue(work{rec: &rec})
+}
+
+// candidates are the agents that may sync a node: healthy, serving its
+// site, offering its driver.
+func candidates(agents []agentsvc.AgentStatus, site, driver string) []string {
+	var out []string
+	for _, a := range agents {
+		if a.Healthy && slices.Contains(a.Sites, site) && slices.Contains(a.Drivers, driver) {
+			out = append(out, a.ID)
+		}
+	}
+	return out
+}
+
+// owner picks a node's agent by rendezvous hashing.
+func owner(node string, ids []string) string {
+	best, bestH := "", uint64(0)
+	for _, id := range ids {
+		h := fnv.New64a()
+		h.Write([]byte(id))
+		h.Write([]byte{0})
+		h.Write([]byte(node))
+		if v := h.Sum64(); best == "" || v > bestH || (v == bestH && id < best) {
+			best, bestH = id, v
+		}
+	}
+	return best
+}
+
+// Owners maps every node that has an agent to sync it to that agent.
+func (s *Service) owners() map[string][]state.Node {
+	agents := s.agents.Connected()
+	out := map[string][]state.Node{}
+	for _, n := range s.store.State().Nodes() {
+		if id := owner(n.Name, candidates(agents, n.Site, n.Driver)); id != "" {
+			out[id] = append(out[id], n)
+		}
+	}
+	return out
+}
+
+// reshare recomputes the shares and kicks the agents whose share changed.
+func (s *Service) reshare() {
+	own := s.owners()
+	fps := make(map[string]uint64, len(own))
+	for id, nodes := range own {
+		h := fnv.New64a()
+		for _, n := range nodes {
+			h.Write([]byte(n.Key()))
+			var b [8]byte
+			for i := range 8 {
+				b[i] = byte(n.ModifyIndex >> (8 * i))
+			}
+			h.Write(b[:])
+		}
+		fps[id] = h.Sum64()
+	}
+	var kick []string
+	s.mu.Lock()
+	for id, fp := range fps {
+		if s.shares[id] != fp {
+			kick = append(kick, id)
+		}
+	}
+	for id := range s.shares {
+		if _, ok := fps[id]; !ok {
+			kick = append(kick, id) // its share is now empty
+		}
+	}
+	s.shares = fps
+	s.mu.Unlock()
+	if len(kick) > 0 {
+		s.agents.KickPowerSync(kick...)
+	}
+}
+
+// Assignment builds an agent's assignment (agentsvc's callback): the nodes
+// it wins, with their credentials opened.
+func (s *Service) Assignment(agentID string, _ []string) (*agentpb.PowerSyncAssignment, error) {
+	if !s.store.IsLeader() {
+		return nil, nil
+	}
+	st := s.store.State()
+	a := &agentpb.PowerSyncAssignment{Version: s.version.Add(1)}
+	for _, n := range s.owners()[agentID] {
+		var password string
+		if !n.Credential.IsZero() {
+			p, err := s.keys.Open(n.Credential, n.Name)
+			if err != nil {
+				s.logger.Warn("node not synced: its credential does not open", "node", n.Name, "err", err)
+				continue
+			}
+			password = string(p)
+		}
+		o, _ := st.Observed(n.Name)
+		a.Targets = append(a.Targets, &agentpb.PowerSyncTarget{Health: o.Health, Node: &agentpb.Node{Name: n.Name, Key: n.Key(),
+			Driver: n.Driver, Site: n.Site, Address: n.Address, Username: n.Username, Password: password, Options: n.Options}})
+	}
+	return a, nil
+}
+
+// explained reports the operation that explains a change of node read at
+// t, if any.
+func (s *Service) explained(node string, t time.Time) (string, bool) {
+	if s.cfg.Busy != nil && s.cfg.Busy(node) {
+		return "", true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.explains[node]
+	if !ok {
+		return "", false
+	}
+	if t.After(e.until) {
+		delete(s.explains, node)
+		return "", false
+	}
+	return e.op, true
+}
+
+// powerActions are the operations that may change the power state.
+var powerActions = map[string]bool{"power_on": true, "power_off": true, "power_soft_off": true, "power_cycle": true, "power_reset": true}
+
+// reachesBMC are the operations whose success proves the BMC answered.
+var reachesBMC = map[string]bool{"power_on": true, "power_off": true, "power_soft_off": true, "power_cycle": true, "power_reset": true,
+	"power_status": true, "boot_device": true, "boot_get": true, "identity": true}
