@@ -159,6 +159,7 @@ type Service struct {
 	lost     map[string]time.Time           // agents dropped for silence, by id: their last contact
 
 	bg sync.WaitGroup // relay pushers, which may outlive their link's handler (see Wait)
+	ps powerSync      // power sync assignments and reports (observed.go)
 }
 
 // New returns a service. It does no I/O.
@@ -292,6 +293,7 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 		s.bg.Go(func() { s.cfg.OnAgentReady(c.id) })
 	}
 	inbox := s.startRelay(cctx, c)
+	s.startPowerSync(cctx, c)
 	s.bg.Go(func() { s.ackHeartbeats(cctx, c) })
 
 	gone, lost := "disconnected", false
@@ -350,6 +352,9 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 			}
 			if r := m.GetDriverReport(); r != nil {
 				s.setDrivers(c, r)
+			}
+			if r := m.GetPowerSyncReport(); r != nil {
+				s.powerSyncReport(c, r)
 			}
 			if hb := m.GetHeartbeat(); hb != nil {
 				c.heard(hb)
