@@ -1,0 +1,107 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/coordinator/ops"
+	"github.com/obmesh/obmesh/coordinator/state"
+)
+
+// apiActions maps the agent link's actions to the API's.
+var apiActions = map[string]string{
+	ops.ActPowerOn: api.ActionOn, ops.ActPowerOff: api.ActionOff, ops.ActPowerSoftOff: api.ActionSoftOff,
+	ops.ActPowerCycle: api.ActionCycle, ops.ActPowerReset: api.ActionReset,
+	ops.ActPowerStatus: api.JobActionStatus, ops.ActBootDevice: api.JobActionBoot,
+}
+
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns).UTC()
+}
+
+// toAPI is a job's header and counts as the API shows them.
+func toAPI(i state.JobInfo) api.Job {
+	j := api.Job{ID: i.ID, Action: apiActions[i.Action], Selector: i.Selector, State: i.State, Reason: i.Reason,
+		Parallelism: i.Parallelism, MaxFailures: i.MaxFailures, Coordinator: i.Coordinator,
+		CreatedAt: unixTime(i.CreatedUnixNano), FinishedAt: unixTime(i.FinishedUnixNano),
+		Total: i.Counts.Total, Pending: i.Counts.Pending, OK: i.Counts.OK, Failed: i.Counts.Failed,
+		Unknown: i.Counts.Unknown, Skipped: i.Counts.Skipped}
+	if i.Action == ops.ActBootDevice {
+		j.Boot = &api.BootRequest{Device: i.BootDevice, Persistent: i.Persistent, EFI: i.EFI}
+	}
+	return j
+}
+
+// Get shows a job with the results asked for: api.ResultsNone, ResultsAll
+// or ResultsFailed (failed, unknown and skipped; also for ""). A result
+// whose outcome is unknown shows its operation's receipt as it is now (the
+// truth may have arrived since). Unless stale, the read is linearizable.
+func (s *Service) Get(ctx context.Context, id, results string, stale bool) (api.Job, error) {
+	if results == "" {
+		results = api.ResultsFailed
+	}
+	if results != api.ResultsNone && results != api.ResultsFailed && results != api.ResultsAll {
+		return api.Job{}, fmt.Errorf("%w: results=%q: use none, failed or all", ErrInvalid, results)
+	}
+	if !stale {
+		if err := s.st.VerifyLeader(ctx); err != nil {
+			return api.Job{}, err
+		}
+	}
+	st := s.st.State()
+	if results == api.ResultsNone {
+		info, ok := st.JobInfo(id)
+		if !ok {
+			return api.Job{}, fmt.Errorf("%w: no job %s", ErrNotFound, id)
+		}
+		return toAPI(info), nil
+	}
+	j, ok := st.Job(id)
+	if !ok {
+		return api.Job{}, fmt.Errorf("%w: no job %s", ErrNotFound, id)
+	}
+	info, _ := st.JobInfo(id)
+	out := toAPI(info)
+	out.Results = []api.JobResult{}
+	for i, r := range j.Results {
+		if r.Outcome == state.JobUnknown {
+			if raw, ok := st.Audit(state.JobOpID(j.ID, i)); ok {
+				if now := resultOf(receiptOf(raw), nil); now.Outcome != state.JobUnknown {
+					r = now
+				}
+			}
+		}
+		if results == api.ResultsFailed && (r.Outcome == "" || r.Outcome == state.JobOK) {
+			continue
+		}
+		ar := api.JobResult{Node: j.Nodes[i], Outcome: r.Outcome, State: r.State, ErrorClass: r.Class, Error: r.Error}
+		switch r.Outcome {
+		case "":
+			ar.Outcome = api.JobPending
+		case state.JobSkipped:
+		default:
+			ar.Operation = state.JobOpID(j.ID, i)
+		}
+		out.Results = append(out.Results, ar)
+	}
+	return out, nil
+}
+
+// List shows every job (newest first) without results.
+func (s *Service) List(ctx context.Context, stale bool) ([]api.Job, error) {
+	if !stale {
+		if err := s.st.VerifyLeader(ctx); err != nil {
+			return nil, err
+		}
+	}
+	out := []api.Job{}
+	for _, i := range s.st.State().Jobs() {
+		out = append(out, toAPI(i))
+	}
+	return out, nil
+}
