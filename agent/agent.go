@@ -84,6 +84,7 @@ import (
 
 	"github.com/obmesh/obmesh/agent/consoles"
 	"github.com/obmesh/obmesh/agent/pluginhost"
+	"github.com/obmesh/obmesh/agent/powersync"
 	"github.com/obmesh/obmesh/agent/relay"
 	"github.com/obmesh/obmesh/internal/agentpb"
 	"github.com/obmesh/obmesh/internal/tlsutil"
@@ -137,6 +138,7 @@ type Agent struct {
 	relayAck   chan struct{}        // capacity 1: a configuration was applied; report it now
 	sessMu     sync.Mutex
 	sessCancel context.CancelFunc // ends the current link (to announce a change)
+	psync      *powersync.Syncer  // the power sync (powersync_link.go); nil when disabled
 	metrics    *agentMetrics      // metrics.go
 }
 
@@ -404,6 +406,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 		consoles: consoles.New(cfg.Consoles, logger),
 		host: pluginhost.New(pluginhost.Config{Commands: cmds, Dir: cfg.Plugins.Dir, RestartBackoff: cfg.Plugins.RestartBackoff.D(),
 			RescanInterval: cfg.Plugins.RescanInterval.D()}, logger)}
+	a.psync = newSyncer(cfg.PowerSync, a.host, logger)
 	if cfg.Relay.Enabled() {
 		r, err := relay.New(relay.Config{Listen: cfg.Relay.Listen, Advertise: cfg.Relay.Advertise,
 			CertFile: cfg.Relay.CertFile, KeyFile: cfg.Relay.KeyFile, DataDir: cfg.Relay.DataDir}, logger.With("component", "relay"))
@@ -443,6 +446,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	hctx, hcancel := context.WithCancel(context.Background())
 	wg.Go(func() { a.host.Run(hctx) })
 	wg.Go(func() { a.rescanOnHangup(hctx) })
+	if a.psync != nil {
+		wg.Go(func() { a.psync.Run(hctx) })
+	}
 	// The relay outlives the links (it stops after them, when Run returns):
 	// BMCs keep posting while the agent looks for a leader.
 	rctx, rcancel := context.WithCancel(context.Background())
@@ -610,6 +616,7 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 	a.attach(send)
 	defer a.detach()
 	wg.Go(func() { a.reportDrivers(sctx, send, cancel) })
+	wg.Go(func() { a.reportSync(sctx, send, cancel) })
 	if relayOn {
 		wg.Go(func() { a.reportRelay(sctx, send, cancel) })
 		wg.Go(func() { a.forwardEvents(sctx, send, cancel) })
@@ -700,6 +707,8 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 			})
 		case m.GetRelayConfig() != nil:
 			a.queueRelayConfig(m.GetRelayConfig())
+		case m.GetPowerSync() != nil:
+			a.assignSync(m.GetPowerSync())
 		case m.GetResultAck() != nil:
 			a.acked(m.GetResultAck().Ids)
 		case m.GetHeartbeatAck() != nil:
@@ -855,6 +864,7 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 		return sdk.Errorf(sdk.ClassInvalid, "unknown action %q", op.Action)
 	})
 	err = scrub(interrupted(op.Action, err), eventSecrets(op.GetEvent(), pn.Password)...)
+	a.syncContact(op, err, status, pluginTime)
 	a.logger.Info("operation", "op", op.Id, "node", pn.Name, "action", op.Action, "ok", err == nil, "class", sdk.ClassOf(err))
 	a.metrics.operation(pn.Driver, op.Action, err, time.Since(start))
 	m := result(op.Id, start, pluginTime, err, status)

@@ -26,6 +26,8 @@ type Config struct {
 	Plugins PluginsConfig `toml:"plugins"`
 	Link    LinkConfig    `toml:"link"`
 	Relay   RelayConfig   `toml:"relay"`
+	// PowerSync tunes the periodic power sync (powersync_link.go).
+	PowerSync PowerSyncConfig `toml:"power_sync"`
 	// Consoles configures the shared console sessions: history, linger,
 	// logging (package agent/consoles).
 	Consoles consoles.Config `toml:"consoles"`
@@ -152,6 +154,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Link.BackoffMin.D() <= 0 || c.Link.BackoffMax.D() < c.Link.BackoffMin.D() || c.Link.DialTimeout.D() <= 0 {
 		errs = append(errs, errors.New("link: dial_timeout and backoff_min must be positive and backoff_max >= backoff_min"))
+	}
+	if err := c.PowerSync.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if r := c.Relay; r.Enabled() {
 		if r.DataDir == "" {
