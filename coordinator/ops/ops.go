@@ -171,6 +171,10 @@ type Config struct {
 	// Observe, if set, is told of every operation that ends here (driver,
 	// action, outcome, error class, duration), for metrics.
 	Observe func(driver, action, outcome, class string, d time.Duration)
+	// OnFinish, if set, is given every receipt of an operation that ends
+	// here (the power sync's record of contacts and power changes); it
+	// must not block.
+	OnFinish func(api.Receipt)
 }
 
 // Runner runs operations. It is safe for concurrent use.
@@ -306,6 +310,9 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		}
 		r.remember(rec)
 		r.power.note(rec)
+		if r.cfg.OnFinish != nil {
+			r.cfg.OnFinish(rec)
+		}
 		if r.cfg.Observe != nil {
 			r.cfg.Observe(n.Driver, rec.Action, outcome, rec.ErrorClass, end.Sub(start))
 		}
