@@ -108,7 +108,12 @@ func TestGroup_MinorityPartition(t *testing.T) {
 
 // TestGroup_Fencing cuts an agent off with an operation on its way, forces
 // a leader change and heals: the BMC's own operation log shows the stale
-// operation never ran, and the agent serves the new leader.
+// operation never ran, its receipt says so (failed, not_started) once the
+// link heals, and the agent serves the new leader. The operation's bytes
+// sit in the old leader's dead link and usually reach the agent after the
+// heal, before it hears of the new epoch: the link fence refuses it then
+// (the agent's clock is past the coordinator's give-up time since it last
+// acknowledged the agent), whatever its deadlines say.
 func TestGroup_Fencing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process cluster test")
@@ -138,7 +143,8 @@ func TestGroup_Fencing(t *testing.T) {
 		nt.Cut(4, h)
 	}
 	// A deadline far away: the stale operation must be refused for its
-	// epoch, not because it arrived after its deadline.
+	// epoch or by the link fence, not because it arrived after its
+	// deadline.
 	_, err = powerWithTimeout(l1.HTTPAddr, g.Token, "f", api.ActionOff, "5m")
 	var ae *api.Error
 	if !asAPIError(err, &ae) || ae.Receipt == nil {
@@ -188,37 +194,45 @@ func TestGroup_Fencing(t *testing.T) {
 	if os.Getenv("OBMESH_DEBUG_FENCE") != "" {
 		t.Logf("agent log:\n%s", tail(g.Agents[0].Log(t), 5000))
 	}
-	// If the agent refused it, the refusal must be the epoch rule's: the
-	// deadline is minutes away, so no other rule may have stopped it.
+	// If the agent refused it, the refusal must be the epoch rule's or the
+	// link fence's: the deadline is minutes away, so no other rule may have
+	// stopped it (a start-by refusal would mean it arrived later than the
+	// fence allows, and hide a fence that does not work).
+	fenced := false
 	for _, line := range staleLines() {
-		if strings.Contains(line, "refusing") && !strings.Contains(line, "refusing operation from a stale epoch") {
-			t.Errorf("the agent refused the stale operation for another reason than its epoch: %s", line)
+		switch {
+		case strings.Contains(line, "refusing an operation past its link fence"):
+			fenced = true
+		case strings.Contains(line, "refusing operation from a stale epoch"):
+		case strings.Contains(line, "refusing"):
+			t.Errorf("the agent refused the stale operation for another reason than its epoch or the link fence: %s", line)
 		}
 	}
-	staleRan := len(bmc.Ops()) > before
+	if len(bmc.Ops()) > before {
+		t.Errorf("the stale operation %s ran on the BMC after its caller was told %q: %+v; agent log: %q", ae.Receipt.ID, ae.Receipt.Outcome, bmc.Ops()[before:], staleLines())
+	}
+	// Its receipt resolves to what happened: nothing (the agent's refusal
+	// comes back from its outbox, or the leader's fate query finds it never
+	// arrived).
+	var final api.Receipt
+	WaitFor(t, 30*time.Second, "the stale operation's receipt to say it never started", func() bool {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		r, err := g.Client(l2).Operation(sctx, ae.Receipt.ID)
+		final = r
+		return err == nil && r.Outcome != api.OutcomeUnknown
+	})
+	if final.Outcome != api.OutcomeFailed || final.ErrorClass != "not_started" {
+		t.Errorf("the stale operation's receipt = %s (%s: %s), want failed (not_started)", final.Outcome, final.ErrorClass, final.Error)
+	}
 	// The agent serves the new leader.
 	if _, err := g.Client(l2).Power(ctx, "f", api.ActionOff); err != nil {
 		t.Fatalf("power off through the new leader: %v", err)
 	}
-	want := before + 1
-	if staleRan {
-		want++
-	}
-	if ops := bmc.Ops(); len(ops) != want || ops[len(ops)-1].Action != "power off" {
+	if ops := bmc.Ops(); len(ops) != before+1 || ops[len(ops)-1].Action != "power off" {
 		t.Errorf("BMC log after a fresh power off = %+v", ops[before:])
 	}
-	if staleRan {
-		// Known fencing gap: an operation delivered on the old leader's
-		// link before the agent hears of the new epoch carries the epoch
-		// the agent last saw, so the epoch rule cannot refuse it; with a
-		// far deadline only the start-by bound (operations.start_by,
-		// default 10s, longer than the 3 heartbeats after which the
-		// coordinator gave the operation up as unknown) could, and here
-		// the operation arrives within it (docs/testing.md, "Known gap").
-		// Reported as a skip, after every other check, so it stays visible.
-		t.Skipf("KNOWN FENCING GAP: the stale operation %s ran on the BMC (%+v); agent log: %q", ae.Receipt.ID, bmc.Ops()[before], staleLines())
-	}
-	t.Logf("the stale operation did not run; agent log lines: %q", staleLines())
+	t.Logf("refused by the link fence: %v; the stale operation's receipt: %s (%s); agent log lines: %q", fenced, final.Outcome, final.ErrorClass, staleLines())
 }
 
 // powerWithTimeout posts a power action with ?timeout=.
