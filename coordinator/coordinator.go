@@ -170,6 +170,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	registry.SetDoor(ops.Door{State: st.State(), Connected: svc.Connected, Disp: svc, Epoch: st})
 	apiHandler := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, membership{st, members}, s.logger)
 	apiHandler.SetEvents(evs)
+	apiHandler.SetConsoleForwarder(cluster.NewForwarder(members)) // a follower tunnels console WebSockets to the leader
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", apiHandler)
@@ -411,7 +412,7 @@ const failoverRetries = 3
 // operation. A 503 no_leader means nothing was sent.
 func forwarding(st *store.Store, fw *cluster.Forwarder, local http.Handler, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if st.IsLeader() || r.URL.Path == "/v1/status" || r.URL.Path == "/v1/health" || webui.Owns(r) ||
+		if st.IsLeader() || r.URL.Path == "/v1/status" || r.URL.Path == "/v1/health" || apiserver.IsConsoleUpgrade(r) || webui.Owns(r) ||
 			(r.Method == http.MethodGet && r.URL.Query().Get("stale") == "true") {
 			local.ServeHTTP(w, r)
 			return

@@ -159,8 +159,8 @@ type Request struct {
 	Log bool
 	// ReadOnly: the viewer never types.
 	ReadOnly bool
-	// Replay starts at the oldest byte kept; From (with Session) at an
-	// offset of that session.
+	// Replay starts at the oldest byte kept; From at an offset of session
+	// Session (of the open session when Session is empty).
 	Replay  bool
 	HasFrom bool
 	From    uint64
@@ -513,7 +513,7 @@ func (s *session) attach(r Request) (*Viewer, bool) {
 	v := &Viewer{s: s, readOnly: r.ReadOnly || r.Detached, detached: r.Detached, skipLines: r.SkipLines}
 	start := s.start()
 	switch {
-	case r.HasFrom && r.Session == s.id:
+	case r.HasFrom && (r.Session == s.id || r.Session == ""):
 		v.cursor = r.From
 		if v.cursor > s.endOff {
 			v.cursor = s.endOff

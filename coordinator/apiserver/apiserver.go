@@ -26,8 +26,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/coder/websocket"
-
 	"github.com/obmesh/obmesh/coordinator/agentsvc"
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/ops"
@@ -94,6 +92,8 @@ type Server struct {
 	events Events
 
 	running inflight // operations in flight, for their phase
+
+	consoleFwd consoleFwdBox // followers carry console WebSockets to the leader (consoleend.go)
 }
 
 // New returns the API handler.
@@ -111,6 +111,7 @@ func New(cfg Config, st Store, op Operator, agents Agents, nodes *ops.Registry, 
 	s.handle("PUT /v1/nodes/{name}/boot", s.boot)
 	s.handle("GET /v1/nodes/{name}/boot", s.bootGet)
 	s.handle("GET /v1/nodes/{name}/console", s.console)
+	s.handle("GET /v1/nodes/{name}/console/log", s.consoleLog)
 	s.handle("GET /v1/operations/{id}", s.operation)
 	s.handle("GET /v1/operations", s.listOperations)
 	s.handle("GET /v1/agents", s.listAgents)
@@ -559,77 +560,6 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) error {
 		st.LeaderAPIAddr = m.APIAddr
 	}
 	writeJSON(w, http.StatusOK, st)
-	return nil
-}
-
-// console serves a node's serial console over WebSocket: binary messages
-// from the server are console output, messages from the client are typed
-// into the console. The console closes when either side ends.
-func (s *Server) console(w http.ResponseWriter, r *http.Request) error {
-	if !s.store.IsLeader() {
-		_, id := s.store.Leader()
-		return &store.NotLeaderError{LeaderID: id}
-	}
-	octx, cancel, err := opContext(r)
-	if err != nil {
-		return err
-	}
-	// Authenticated (by handle): the console streams for as long as the
-	// client stays.
-	streaming(w)
-	con, rec, err := s.ops.OpenConsole(octx, r.PathValue("name"))
-	cancel()
-	if err != nil {
-		if rec.ID == "" {
-			return err
-		}
-		return &receiptError{err: err, receipt: rec}
-	}
-	defer con.Close()
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, Subprotocols: consoleProtocols})
-	if err != nil {
-		return nil // Accept wrote the answer
-	}
-	ws.SetReadLimit(64 << 10)
-	ctx, stop := context.WithCancel(r.Context())
-	defer stop()
-	// Input: client messages are typed into the console. The reader ends
-	// when the client closes or ctx ends; closing the console then ends the
-	// output loop below.
-	inputDone := make(chan struct{})
-	go func() {
-		defer close(inputDone)
-		defer con.Close()
-		for {
-			_, msg, err := ws.Read(ctx)
-			if err != nil {
-				return
-			}
-			if _, err := con.Write(msg); err != nil {
-				return
-			}
-		}
-	}()
-	buf := make([]byte, 4096)
-	var rerr error // the console's last read: why it ended
-	for {
-		var n int
-		n, rerr = con.Read(buf)
-		if n > 0 {
-			wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
-			werr := ws.Write(wctx, websocket.MessageBinary, buf[:n])
-			wcancel()
-			if werr != nil {
-				break
-			}
-		}
-		if rerr != nil {
-			break
-		}
-	}
-	ws.Close(consoleEnd(rerr))
-	stop()
-	<-inputDone
 	return nil
 }
 
