@@ -227,7 +227,11 @@ func (s *Server) watchEvents(w http.ResponseWriter, r *http.Request) error {
 			if err != nil {
 				continue
 			}
-			if _, err := fmt.Fprintf(w, "event: bmc_event\nid: %s\ndata: %s\n\n", sseSafe(e.ID), b); err != nil {
+			kind := "bmc_event"
+			if e.Kind != "" {
+				kind = e.Kind // an obmesh event (api.EventPowerChanged)
+			}
+			if _, err := fmt.Fprintf(w, "event: %s\nid: %s\ndata: %s\n\n", sseSafe(kind), sseSafe(e.ID), b); err != nil {
 				return nil
 			}
 		}

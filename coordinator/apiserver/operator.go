@@ -184,6 +184,7 @@ func (s *Server) updateNode(w http.ResponseWriter, r *http.Request) error {
 
 // withPower adds the last power reading this leader saw to a node.
 func (s *Server) withPower(n api.Node) api.Node {
+	n.Observed = s.observed(n.Name)
 	if pm, ok := s.ops.(powerMemory); ok {
 		if p, ok := pm.LastPower(n.Name); ok {
 			n.Power = &p
