@@ -27,6 +27,7 @@ import (
 	"github.com/obmesh/obmesh/coordinator/cluster"
 	"github.com/obmesh/obmesh/coordinator/cluster/clusterpb"
 	"github.com/obmesh/obmesh/coordinator/events"
+	"github.com/obmesh/obmesh/coordinator/observe"
 	"github.com/obmesh/obmesh/coordinator/ops"
 	"github.com/obmesh/obmesh/coordinator/seal"
 	"github.com/obmesh/obmesh/coordinator/state"
@@ -149,6 +150,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	defer members.Close()
 	var runner *ops.Runner
 	var relay relayHooks
+	var obs *observe.Service // power sync (observed.go); set before anything runs
 	svc := agentsvc.New(agentsvc.Config{ID: s.cfg.Name, Heartbeat: s.cfg.AgentLink.Heartbeat.D(), AgentWait: s.cfg.AgentLink.AgentWait.D(),
 		OnLateResult:  func(agent string, r *agentpb.OperationResult) { runner.RecordLate(agent, r) },
 		OnFate:        func(agent string, f []*agentpb.Fate) { runner.RecordFates(agent, f) },
@@ -157,7 +159,8 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		OnRelayReport: relay.report,
 		OnRelayEvent:  relay.event},
 		leadership{st, members}, s.logger)
-	runner = ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D(), StartBy: s.cfg.Operations.StartBy.D(), Observe: cm.operation}, st.State(), keys, svc, st, st, s.logger)
+	runner = ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D(), StartBy: s.cfg.Operations.StartBy.D(), Observe: cm.operation,
+		OnFinish: func(rec api.Receipt) { obs.OnOperation(rec) }}, st.State(), keys, svc, st, st, s.logger)
 	// Event subscriptions: the service the API calls, the relay traffic of
 	// the agent link, and the reconciler it runs while this member leads.
 	evs := events.New(events.Config{
@@ -170,6 +173,8 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	registry.SetDoor(ops.Door{State: st.State(), Connected: svc.Connected, Disp: svc, Epoch: st})
 	apiHandler := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, membership{st, members}, s.logger)
 	apiHandler.SetEvents(evs)
+	obs = newObserve(st, svc, keys, runner, evs, s.logger)
+	apiHandler.SetObserved(obs.View)
 	apiHandler.SetConsoleForwarder(cluster.NewForwarder(members)) // a follower tunnels console WebSockets to the leader
 
 	mux := http.NewServeMux()
@@ -290,6 +295,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		}
 	})
 	wg.Go(func() { evs.Run(wctx) })
+	wg.Go(func() { obs.Run(wctx) })
 	if monSrv != nil {
 		wg.Go(func() {
 			if err := monSrv.Run(wctx); err != nil && wctx.Err() == nil {

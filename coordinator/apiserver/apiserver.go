@@ -90,6 +90,8 @@ type Server struct {
 
 	evMu   sync.Mutex
 	events Events
+	// observedView shows nodes' observed state (observed.go); under evMu.
+	observedView func(state.Node) *api.Observed
 
 	running inflight // operations in flight, for their phase
 
