@@ -628,15 +628,18 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 	wg.Go(func() {
 		t := time.NewTicker(hb)
 		defer t.Stop()
+		// The first goes at once: its echo moves the link fence (fence.go)
+		// on from the hello, which may have waited for a Raft write.
+		now := time.Now()
 		for {
+			if err := send(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_Heartbeat{Heartbeat: &agentpb.Heartbeat{SentUnixNano: now.UnixNano(), SentMonoNs: monoNow()}}}); err != nil {
+				cancel()
+				return
+			}
 			select {
 			case <-sctx.Done():
 				return
-			case now := <-t.C:
-				if err := send(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_Heartbeat{Heartbeat: &agentpb.Heartbeat{SentUnixNano: now.UnixNano(), SentMonoNs: monoNow()}}}); err != nil {
-					cancel()
-					return
-				}
+			case now = <-t.C:
 			}
 		}
 	})
