@@ -251,7 +251,7 @@ type clientFlags struct {
 
 func (f *clientFlags) register(fs *flag.FlagSet, env Env) {
 	f.registerNoOutput(fs, env)
-	fs.StringVar(&f.output, "o", "table", "output format: table or json")
+	fs.StringVar(&f.output, "o", "table", "output format: table, wide (more columns where a command has them) or json")
 }
 
 // registerNoOutput registers the client flags but -o (for commands with
@@ -273,8 +273,8 @@ func (f *clientFlags) client() (*api.Client, error) {
 	if f.token == "" {
 		return nil, errors.New("no admin token: set OBMESH_TOKEN or pass -token")
 	}
-	if f.output != "table" && f.output != "json" {
-		return nil, fmt.Errorf("-o %q: use table or json", f.output)
+	if f.output != "table" && f.output != "json" && f.output != "wide" {
+		return nil, fmt.Errorf("-o %q: use table, wide or json", f.output)
 	}
 	if f.timeout <= 0 {
 		return nil, fmt.Errorf("-timeout %v: must be more than zero", f.timeout)

@@ -151,17 +151,13 @@ func nodeCommand() *Command {
 			}
 			var rows [][]string
 			for i, n := range ns {
-				power := "-"
-				if n.Power != nil {
-					power = n.Power.State + " (" + ago(&n.Power.At) + ")"
-				}
-				row := []string{n.Name, n.Driver, n.Site, n.Address, power}
+				row := append([]string{n.Name, n.Driver, n.Site, n.Address}, observedColumns(n, f.output == "wide")...) // node_observed.go
 				if live {
 					row = append(row, statuses[i])
 				}
 				rows = append(rows, row)
 			}
-			header := "NAME\tDRIVER\tSITE\tADDRESS\tPOWER (LAST SEEN)"
+			header := "NAME\tDRIVER\tSITE\tADDRESS\t" + observedHeader(f.output == "wide")
 			if live {
 				header += "\tSTATUS (NOW)"
 			}
@@ -290,6 +286,7 @@ func printNode(env Env, output string, n api.Node) {
 	if n.Power != nil {
 		rows = append(rows, []string{"Power:", n.Power.State + " (last seen " + ago(&n.Power.At) + ")"})
 	}
+	rows = append(rows, observedRows(n)...) // node_observed.go
 	keys := make([]string, 0, len(n.Options))
 	for k := range n.Options {
 		keys = append(keys, k)

@@ -1,0 +1,127 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/obmesh/obmesh/coordinator/api"
+)
+
+// The power sync's view of a node (api.Observed) in node list and show.
+
+// observedHeader is the header of the observed columns of node list.
+func observedHeader(wide bool) string {
+	h := "POWER\tHEALTH\tLAST CONTACT"
+	if wide {
+		h += "\tPOWER SINCE\tCHANGED BY\tFAILURES\tLAST ERROR\tLAST READ\tLATENCY\tAGENT"
+	}
+	return h
+}
+
+// observedColumns are a node's observed columns: the synced power state (or
+// the last one an operation saw), the BMC's health and its last contact.
+func observedColumns(n api.Node, wide bool) []string {
+	o := n.Observed
+	if o == nil {
+		o = &api.Observed{}
+	}
+	power, health := dash(o.Power), dash(o.Health)
+	if o.Power == "" && n.Power != nil {
+		power = n.Power.State + " (" + ago(&n.Power.At) + ")"
+	}
+	if o.Health == "unreachable" && o.ErrorClass != "" {
+		health += " (" + o.ErrorClass + ")"
+	}
+	cols := []string{power, health, agoOrDash(o.LastContact)}
+	if wide {
+		latency := "-"
+		if o.LatencyMS > 0 {
+			latency = fmt.Sprintf("%.1fms", o.LatencyMS)
+		}
+		failures := "-"
+		if o.Failures > 0 {
+			failures = fmt.Sprint(o.Failures)
+		}
+		cols = append(cols, agoOrDash(o.PowerSince), changedBy(o), failures, dash(truncate(termText(o.Error), 48)),
+			agoOrDash(o.LastRead), latency, dash(o.Agent))
+	}
+	return cols
+}
+
+// changedBy says what made the current power state.
+func changedBy(o *api.Observed) string {
+	switch o.PowerCause {
+	case "operation":
+		if o.PowerOperation != "" {
+			return "obmesh " + o.PowerOperation
+		}
+		return "obmesh"
+	case "external":
+		return "outside obmesh"
+	case "sync":
+		return "first reading"
+	}
+	return "-"
+}
+
+// observedRows are the observed lines of node show.
+func observedRows(n api.Node) [][]string {
+	o := n.Observed
+	if o == nil {
+		return [][]string{{"Observed:", "nothing yet (no agent has read this node's power state)"}}
+	}
+	var rows [][]string
+	if o.Power != "" {
+		p := o.Power + " since " + stamp(o.PowerSince)
+		if o.PreviousPower != "" {
+			p += ", was " + o.PreviousPower
+		}
+		rows = append(rows, []string{"Power (synced):", p}, []string{"Changed by:", changedBy(o)})
+	}
+	if x := o.External; x != nil {
+		line := fmt.Sprintf("%s -> %s, seen %s", x.From, x.To, stamp(&x.At))
+		if x.PreviousAt != nil {
+			line += fmt.Sprintf(" (was %s at %s)", x.From, stamp(x.PreviousAt))
+		}
+		rows = append(rows, []string{"Changed outside obmesh:", line})
+	}
+	h := dash(o.Health)
+	if o.HealthSince != nil {
+		h += " since " + stamp(o.HealthSince)
+	}
+	rows = append(rows, []string{"BMC health:", h})
+	if o.Health != "" && o.Health != "ok" && (o.ErrorClass != "" || o.Error != "") {
+		rows = append(rows, []string{"Last error:", strings.TrimSpace(o.ErrorClass + ": " + termText(o.Error))})
+		if o.Failures > 0 {
+			rows = append(rows, []string{"Failures in a row:", fmt.Sprint(o.Failures)})
+		}
+	}
+	rows = append(rows, []string{"Last contact:", stamp(o.LastContact)})
+	if o.LastRead != nil {
+		rows = append(rows, []string{"Last read:", fmt.Sprintf("%s (%.1fms, by %s)", stamp(o.LastRead), o.LatencyMS, dash(o.Agent))})
+	}
+	return rows
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func agoOrDash(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return "-"
+	}
+	return ago(t)
+}
+
+// stamp is a time and how long ago it was.
+func stamp(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return "never"
+	}
+	return t.Local().Format("2006-01-02 15:04:05") + " (" + ago(t) + ")"
+}

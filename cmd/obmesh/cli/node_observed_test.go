@@ -1,0 +1,80 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/obmesh/obmesh/coordinator/api"
+)
+
+// node list shows power, BMC health, last contact and site; -o wide adds
+// the cause, error and reader; -o json carries every field; node show
+// says when and from what to what the power changed outside obmesh.
+func TestNodeList_ShowsObservedState(t *testing.T) {
+	now := time.Now().UTC()
+	before, since := now.Add(-90*time.Second), now.Add(-30*time.Second)
+	nodes := []api.Node{
+		{Name: "n1", Driver: "ipmi", Site: "rack-a", Address: "10.0.0.1", Observed: &api.Observed{Power: "off", PreviousPower: "on", PowerSince: &since,
+			PowerCause: "external", Health: "ok", LastContact: &now, LastRead: &now, LatencyMS: 4.5, Agent: "ag1",
+			External: &api.PowerChange{From: "on", To: "off", At: since, PreviousAt: &before}}},
+		{Name: "n2", Driver: "redfish", Site: "rack-b", Address: "10.0.0.2", Observed: &api.Observed{Power: "on", Health: "unreachable",
+			ErrorClass: "timeout", Error: "no answer from 10.0.0.2", Failures: 4, LastContact: &before}},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/v1/nodes/n1" {
+			json.NewEncoder(w).Encode(nodes[0])
+			return
+		}
+		if r.URL.Path == "/v1/nodes/n1/identity" {
+			w.WriteHeader(http.StatusNotFound)
+			w.Write([]byte(`{"error":{"code":"not_found","message":"none"}}`))
+			return
+		}
+		json.NewEncoder(w).Encode(nodes)
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+
+	code, out, errs := runWith(t, ctx, srv.URL, "node", "list")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "POWER") || !strings.Contains(lines[0], "HEALTH") || !strings.Contains(lines[0], "LAST CONTACT") || !strings.Contains(lines[0], "SITE") {
+		t.Fatalf("list:\n%s", out)
+	}
+	if f := strings.Fields(lines[1]); f[2] != "rack-a" || f[4] != "off" || f[5] != "ok" {
+		t.Fatalf("n1 row %q", lines[1])
+	}
+	if !strings.Contains(lines[2], "unreachable (timeout)") {
+		t.Fatalf("n2 row %q", lines[2])
+	}
+	if strings.Contains(out, "outside obmesh") {
+		t.Fatalf("the plain table carries wide columns:\n%s", out)
+	}
+
+	code, out, errs = runWith(t, ctx, srv.URL, "node", "list", "-o", "wide")
+	if code != 0 || !strings.Contains(out, "CHANGED BY") || !strings.Contains(out, "outside obmesh") || !strings.Contains(out, "no answer from 10.0.0.2") ||
+		!strings.Contains(out, "4.5ms") || !strings.Contains(out, "ag1") {
+		t.Fatalf("wide: exit %d\n%s%s", code, out, errs)
+	}
+
+	code, out, _ = runWith(t, ctx, srv.URL, "node", "list", "-o", "json")
+	var back []api.Node
+	if code != 0 || json.Unmarshal([]byte(out), &back) != nil || len(back) != 2 || back[0].Observed == nil || back[0].Observed.External == nil ||
+		back[1].Observed.Failures != 4 {
+		t.Fatalf("json: exit %d\n%s", code, out)
+	}
+
+	code, out, errs = runWith(t, ctx, srv.URL, "node", "show", "n1")
+	if code != 0 || !strings.Contains(out, "Changed outside obmesh:") || !strings.Contains(out, "on -> off") ||
+		!strings.Contains(out, "BMC health:") || !strings.Contains(out, since.Local().Format("2006-01-02 15:04:05")) {
+		t.Fatalf("show: exit %d\n%s%s", code, out, errs)
+	}
+}
