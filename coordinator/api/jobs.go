@@ -107,6 +107,9 @@ const (
 	ResultsAll    = "all"
 )
 
+// CodeJobFinished: a job that is over cannot be canceled (409).
+const CodeJobFinished = "job_finished"
+
 // LabelChange is the body of PATCH /v1/nodes/{name}/labels: Set labels
 // are set, then Remove keys removed.
 type LabelChange struct {

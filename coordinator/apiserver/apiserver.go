@@ -96,6 +96,8 @@ type Server struct {
 	running inflight // operations in flight, for their phase
 
 	consoleFwd consoleFwdBox // followers carry console WebSockets to the leader (consoleend.go)
+
+	jobs jobsSlot // bulk jobs (jobs.go)
 }
 
 // New returns the API handler.
@@ -125,6 +127,7 @@ func New(cfg Config, st Store, op Operator, agents Agents, nodes *ops.Registry, 
 	s.handle("GET /v1/operator/snapshot", s.snapshotSave)
 	s.handle("POST /v1/operator/snapshot", s.snapshotRestore)
 	s.eventRoutes()
+	s.jobRoutes()
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		if !s.authorized(r) {
 			unauthorized(w)
@@ -369,7 +372,7 @@ func (s *Server) read(r *http.Request) error {
 
 func toAPINode(n state.Node) api.Node {
 	return api.Node{Name: n.Name, Driver: n.Driver, Site: n.Site, Address: n.Address, Username: n.Username,
-		Options: n.Options, HasPassword: !n.Credential.IsZero(), CredentialKeyID: n.Credential.KeyID,
+		Options: n.Options, Labels: n.Labels, HasPassword: !n.Credential.IsZero(), CredentialKeyID: n.Credential.KeyID,
 		Key: n.Key(), CreatedAt: time.Unix(0, n.CreatedUnixNano).UTC()}
 }
 

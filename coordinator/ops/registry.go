@@ -59,7 +59,7 @@ func Validate(s api.NodeSpec) error {
 
 // specNode is the node a spec describes, without its credential.
 func specNode(s api.NodeSpec) state.Node {
-	return state.Node{Name: s.Name, Driver: s.Driver, Site: s.Site, Address: s.Address, Username: s.Username, Options: s.Options}
+	return state.Node{Name: s.Name, Driver: s.Driver, Site: s.Site, Address: s.Address, Username: s.Username, Options: s.Options, Labels: s.Labels}
 }
 
 // Register validates, seals and stores a node.
