@@ -47,7 +47,7 @@ func (a *Agent) console(openCtx, linkCtx context.Context, cc *grpc.ClientConn, o
 		// line in transit when the last obmd stream was cut is lost; on a
 		// real BMC a new obmd viewer starts at the live end.
 		if paced {
-			r.SkipLines = 1
+			r.SkipLines, r.LiveIfOtherSession = 1, true
 		} else {
 			r.HasFrom = false
 		}

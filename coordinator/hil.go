@@ -102,6 +102,9 @@ func (b *hilBackend) PowerStatus(ctx context.Context, name string) (string, erro
 }
 
 func (b *hilBackend) SetBootDevice(ctx context.Context, name, dev string) error {
+	if err := b.mockBootDevice(name, dev); err != nil { // hilconsole.go
+		return err
+	}
 	_, err := b.runner.Do(ctx, ops.Request{Node: name, Action: ops.ActBootDevice, BootDevice: dev, Persistent: true})
 	var f *ops.Failure
 	if errors.As(err, &f) && f.Class == "invalid_argument" {

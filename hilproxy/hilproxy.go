@@ -83,7 +83,8 @@ type Handler struct {
 	log  *slog.Logger
 
 	mu      sync.Mutex
-	viewers map[string]*viewer // the one live console per node
+	viewers map[string]*viewer         // the one live console per node
+	ends    map[string]ConsolePosition // where each node's last obmd stream was cut (console.go)
 }
 
 // NewHandler returns the handler.
@@ -95,7 +96,7 @@ func NewHandler(b Backend, opts Options) *Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Handler{b: b, opts: opts, log: log.With("component", "hilproxy"), viewers: map[string]*viewer{}}
+	return &Handler{b: b, opts: opts, log: log.With("component", "hilproxy"), viewers: map[string]*viewer{}, ends: map[string]ConsolePosition{}}
 }
 
 type route struct {
@@ -251,6 +252,7 @@ func (h *Handler) registerNode(w http.ResponseWriter, r *http.Request, node stri
 
 func (h *Handler) deleteNode(w http.ResponseWriter, r *http.Request, node string) {
 	h.dropViewer(node)
+	h.forgetEnd(node)
 	if err := h.b.DeleteNode(r.Context(), node); err != nil {
 		h.fail(w, r, err)
 		return
@@ -381,10 +383,12 @@ func (h *Handler) powerStatus(w http.ResponseWriter, r *http.Request, node strin
 	}{st})
 }
 
-// viewer is one live console stream.
+// viewer is one live console stream; done is closed when its handler
+// stopped writing.
 type viewer struct {
 	rc   io.ReadCloser
 	once sync.Once
+	done chan struct{}
 }
 
 func (v *viewer) close() { v.once.Do(func() { v.rc.Close() }) }
@@ -397,6 +401,12 @@ func (h *Handler) dropViewer(node string) {
 	h.mu.Unlock()
 	if v != nil {
 		v.close()
+		// Its handler notes where the stream ended (for the next viewer);
+		// wait for that, briefly.
+		select {
+		case <-v.done:
+		case <-time.After(2 * time.Second):
+		}
 	}
 }
 
@@ -410,12 +420,13 @@ func (h *Handler) console(w http.ResponseWriter, r *http.Request, node string) {
 	ctl.SetWriteDeadline(time.Time{})
 	// One viewer per node: a new one ends the previous stream first.
 	h.dropViewer(node)
-	rc, err := h.b.OpenConsole(r.Context(), node)
+	rc, err := h.openConsole(r.Context(), node) // console.go
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	v := &viewer{rc: rc}
+	v := &viewer{rc: rc, done: make(chan struct{})}
+	defer close(v.done)
 	h.mu.Lock()
 	old := h.viewers[node]
 	h.viewers[node] = v
@@ -440,6 +451,13 @@ func (h *Handler) console(w http.ResponseWriter, r *http.Request, node string) {
 	if flusher != nil {
 		flusher.Flush()
 	}
+	// Where the stream stands, for the next viewer (obmd's lost line):
+	// its start until bytes are delivered.
+	delivered := func() {}
+	if pos, ok := rc.(Positioned); ok {
+		delivered = func() { h.noteEnd(node, pos.Position()) }
+		delivered()
+	}
 	buf := make([]byte, 4096)
 	for {
 		n, err := rc.Read(buf)
@@ -450,6 +468,7 @@ func (h *Handler) console(w http.ResponseWriter, r *http.Request, node string) {
 			if flusher != nil {
 				flusher.Flush()
 			}
+			delivered()
 		}
 		if err != nil {
 			return

@@ -166,8 +166,12 @@ type Request struct {
 	From    uint64
 	Session string
 	// SkipLines drops output until that many newlines have passed (obmd's
-	// mock loses the line in transit when a stream is cut).
+	// mock loses the line in transit when a stream is cut); one more when
+	// From is inside a line (the rest of that line goes too).
 	SkipLines int
+	// LiveIfOtherSession starts at the live end (instead of the oldest
+	// byte kept) when From is of another session.
+	LiveIfOtherSession bool
 	// Detached viewers do not keep the session open and never read a paced
 	// console (the log follower).
 	Detached bool
@@ -518,6 +522,8 @@ func (s *session) attach(r Request) (*Viewer, bool) {
 		if v.cursor > s.endOff {
 			v.cursor = s.endOff
 		}
+	case r.HasFrom && r.LiveIfOtherSession:
+		v.cursor = s.endOff
 	case r.HasFrom:
 		// An offset of another session: its history is gone; start at
 		// the oldest byte kept, gap unknown.
@@ -526,6 +532,9 @@ func (s *session) attach(r Request) (*Viewer, bool) {
 		v.cursor = start
 	default:
 		v.cursor = s.endOff
+	}
+	if v.skipLines > 0 && v.cursor > start && s.ring[(v.cursor-1)%uint64(len(s.ring))] != '\n' {
+		v.skipLines++
 	}
 	v.attachedAt = v.cursor
 	if v.cursor < start {

@@ -517,3 +517,22 @@ func TestNewRegistrationEndsOldSession(t *testing.T) {
 		t.Fatal("the old registration's console is still open")
 	}
 }
+
+// obmd's lost line from inside a line: the rest of that line and the next
+// one are skipped; from another session an obmd viewer starts live.
+func TestSkipLinesFromInsideALineAndLiveIfOtherSession(t *testing.T) {
+	m := newManager(t, Config{})
+	f := newFake()
+	v := attach(t, m, Request{Node: "n1", Open: opener(f, nil)})
+	f.emit([]byte("10\n11\n12\n13\n"))
+	readN(t, v, 12)
+	// Offset 4 is inside "11\n": "1\n" and "12\n" go, "13\n" comes.
+	a := attach(t, m, Request{Node: "n1", HasFrom: true, From: 4, Session: v.Session(), SkipLines: 1, ReadOnly: true})
+	if got := readN(t, a, 3); string(got) != "13\n" {
+		t.Fatalf("from inside a line: %q, want 13", got)
+	}
+	b := attach(t, m, Request{Node: "n1", HasFrom: true, From: 4, Session: "gone", SkipLines: 1, LiveIfOtherSession: true, ReadOnly: true})
+	if b.Start() != 12 {
+		t.Fatalf("an obmd viewer with another session's offset starts at %d, want the live end 12", b.Start())
+	}
+}

@@ -6,27 +6,52 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/term"
+
+	"github.com/obmesh/obmesh/coordinator/api"
 )
 
-const consoleAbout = `Streams a node's serial console. On a terminal, the terminal is put in raw
-mode: every key, Ctrl-C included, goes to the node. At the start of a line,
-~. leaves, ~? lists the escapes, ~~ sends a ~. With -ro nothing you type is
-sent. Without a terminal, stdin is sent as it comes and the console ends
-when the node's side does, or on Ctrl-C.`
+const consoleAbout = `Streams a node's serial console. The node's console is one session on its
+agent, shared by every viewer: one of them at a time may type (the first
+that asks; the others are read-only until it leaves), and with -ro you never
+type (enforced by the server). -replay starts with the history the agent
+keeps (64 KiB by default), so you see what happened before you connected.
+
+On a terminal, the terminal is put in raw mode: every key, Ctrl-C included,
+goes to the node. At the start of a line, ~. leaves, ~? lists the escapes,
+~~ sends a ~. Without a terminal, stdin is sent as it comes and the console
+ends when the node's side does, or on Ctrl-C.
+
+When the connection is lost (a coordinator dies, the leader changes) the
+console reconnects through any member (-addr may list several, comma-
+separated) and continues from the last byte it printed; output it could not
+get back is reported as missed.
+
+obmesh console log NODE [-tail N] [-follow] prints the node's console log
+kept on its agent's disk (logging is on for nodes with the option or label
+console-log=on, or all nodes by the agent's consoles.log_all).`
 
 func consoleCommand() *Command {
-	return &Command{Name: "console", Synopsis: "Attach to a node's serial console (~. leaves)", Run: runConsole}
+	return &Command{Name: "console", Synopsis: "Attach to a node's serial console (~. leaves); console log NODE prints its log", Run: runConsole}
 }
 
+// consoleReconnectFor bounds how long a lost console keeps trying to
+// reconnect.
+const consoleReconnectFor = 60 * time.Second
+
 func runConsole(ctx context.Context, env Env, args []string) int {
+	if len(args) >= 2 && args[0] == "log" {
+		return runConsoleLog(ctx, env, args[1:])
+	}
 	fs := NewFlagSet(env, "NODE [flags]", consoleAbout)
 	var f clientFlags
 	f.registerNoOutput(fs, env)
-	ro := fs.Bool("ro", false, "read-only: show the console and never send what you type")
+	ro := fs.Bool("ro", false, "read-only: show the console and never type (enforced by the server)")
+	replay := fs.Bool("replay", false, "start with the console's history kept on the agent")
 	pos, code, ok := ParseFlags(fs, args)
 	if !ok {
 		return code
@@ -34,25 +59,45 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 	if len(pos) != 1 {
 		return Usagef(env, "want NODE, got %d argument(s)", len(pos))
 	}
-	c, err := f.client()
+	members, err := f.members()
 	if err != nil {
 		return Usagef(env, "%s", err)
 	}
 	node := pos[0]
+	stdinFile, _ := env.Stdin.(*os.File)
+	raw := stdinFile != nil && env.terminal(stdinFile)
+	nl := "\n"
+	var evMu sync.Mutex // events print from the reading goroutine
+	onEvent := func(ev api.ConsoleEvent) {
+		evMu.Lock()
+		defer evMu.Unlock()
+		switch ev.Type {
+		case "gap":
+			if ev.Unknown {
+				fmt.Fprint(env.Stderr, nl+"[obmesh: the console's session changed; output in between was missed]"+nl)
+			} else {
+				fmt.Fprintf(env.Stderr, "%s[obmesh: %d bytes of output were missed]%s", nl, ev.Missed, nl)
+			}
+		case "role":
+			if ev.Writer != nil && *ev.Writer {
+				fmt.Fprint(env.Stderr, nl+"[obmesh: you hold the keyboard now]"+nl)
+			}
+		case "notice":
+			fmt.Fprint(env.Stderr, nl+"[obmesh: "+termText(ev.Message)+"]"+nl)
+		}
+	}
+	opts := api.ConsoleOptions{ReadOnly: *ro, Replay: *replay, OnEvent: onEvent}
 	octx, cancel := context.WithTimeout(ctx, min(f.timeout, 60*time.Second))
-	con, err := c.Console(octx, node)
+	con, err := dialConsole(octx, members, 0, node, opts)
 	cancel()
 	if err != nil {
 		return reportError(env, "table", err)
 	}
-	defer con.Close()
 
-	stdinFile, _ := env.Stdin.(*os.File)
-	raw := stdinFile != nil && env.terminal(stdinFile)
-	nl := "\n"
 	if raw {
 		old, err := term.MakeRaw(int(stdinFile.Fd()))
 		if err != nil {
+			con.Close()
 			return reportError(env, "table", fmt.Errorf("cannot put the terminal in raw mode: %w", err))
 		}
 		defer term.Restore(int(stdinFile.Fd()), old)
@@ -63,20 +108,28 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 		banner = fmt.Sprintf("connected to %s (end with Ctrl-C)", termText(node))
 	}
 	if *ro {
-		banner += "; read-only: nothing you type is sent (the coordinator has no read-only console mode yet, so this is the CLI keeping quiet; other viewers may still type)"
+		banner += "; read-only: nothing you type is sent"
 	}
 	fmt.Fprint(env.Stderr, banner+nl)
 
 	// The console ends when the node's side ends it, on ~., on an
 	// interrupt (without a terminal; with one, Ctrl-C is a key for the
 	// node) or when stdin ends.
-	var once sync.Once
-	var left bool
+	var mu sync.Mutex
+	cur := con
+	left := false
 	end := func(byUser bool) {
-		once.Do(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !left {
 			left = byUser
-			con.Close()
-		})
+		}
+		cur.Close()
+	}
+	current := func() *api.ConsoleConn {
+		mu.Lock()
+		defer mu.Unlock()
+		return cur
 	}
 	stop := context.AfterFunc(ctx, func() { end(true) })
 	defer stop()
@@ -92,9 +145,8 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 			if n > 0 {
 				out, act := esc.feed(buf[:n])
 				if len(out) > 0 && !*ro {
-					if _, werr := con.Write(out); werr != nil {
-						return
-					}
+					// Typed while reconnecting: lost with the old connection.
+					current().Write(out)
 				}
 				switch act {
 				case escLeave:
@@ -109,11 +161,56 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 			}
 		}
 	})
-	_, err = io.Copy(env.Stdout, con)
+	member := 0
+	for {
+		c := current()
+		_, err = io.Copy(env.Stdout, c)
+		mu.Lock()
+		gone := left
+		mu.Unlock()
+		if gone || !errors.Is(err, api.ErrConsoleInterrupted) {
+			break
+		}
+		// The connection was lost, not the console: continue from the
+		// last byte printed, through any member.
+		fmt.Fprint(env.Stderr, nl+"[obmesh: connection lost; reconnecting]"+nl)
+		o := opts
+		o.HasFrom, o.From, o.Session = true, c.Offset(), c.Session()
+		rctx, rcancel := context.WithTimeout(ctx, consoleReconnectFor)
+		var next *api.ConsoleConn
+		for next == nil && rctx.Err() == nil {
+			member = (member + 1) % len(members)
+			actx, acancel := context.WithTimeout(rctx, 10*time.Second)
+			next, err = dialConsole(actx, members, member, node, o)
+			acancel()
+			if next == nil {
+				select {
+				case <-rctx.Done():
+				case <-time.After(300 * time.Millisecond):
+				}
+			}
+		}
+		rcancel()
+		if next == nil {
+			break
+		}
+		mu.Lock()
+		if left {
+			next.Close()
+			mu.Unlock()
+			break
+		}
+		cur = next
+		mu.Unlock()
+		fmt.Fprint(env.Stderr, "[obmesh: reconnected]"+nl)
+	}
 	end(false)
 	in.Stop()
 	wg.Wait()
-	if left {
+	mu.Lock()
+	byUser := left
+	mu.Unlock()
+	if byUser {
 		fmt.Fprint(env.Stderr, nl+"disconnected from "+termText(node)+nl)
 		return 0
 	}
@@ -122,6 +219,86 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 		return reportError(env, "table", err)
 	}
 	fmt.Fprint(env.Stderr, nl+"the console of "+termText(node)+" ended"+nl)
+	return 0
+}
+
+// dialConsole opens the console through members[i], or the next members
+// in turn when one cannot be reached; an answer from a member (a refusal)
+// is final.
+func dialConsole(ctx context.Context, members []*api.Client, i int, node string, o api.ConsoleOptions) (*api.ConsoleConn, error) {
+	var err error
+	for k := range members {
+		var con *api.ConsoleConn
+		con, err = members[(i+k)%len(members)].ConsoleWith(ctx, node, o)
+		if err == nil {
+			return con, nil
+		}
+		var ae *api.Error
+		if errors.As(err, &ae) && ae.StatusCode != 0 && ae.StatusCode < 500 {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+// members returns a client per address in -addr (comma-separated).
+func (f *clientFlags) members() ([]*api.Client, error) {
+	var out []*api.Client
+	for a := range strings.SplitSeq(f.addr, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
+		}
+		g := *f
+		g.addr = a
+		c, err := g.client()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		_, err := f.client() // the error for a missing address
+		return nil, err
+	}
+	return out, nil
+}
+
+func runConsoleLog(ctx context.Context, env Env, args []string) int {
+	fs := NewFlagSet(env, "NODE [flags]", "Prints the console log a node's agent keeps on its disk: the last -tail lines\n(0: all kept), then with -follow the live output until Ctrl-C.")
+	var f clientFlags
+	f.registerNoOutput(fs, env)
+	tail := fs.Int("tail", 100, "lines from the end (0: all the agent keeps)")
+	follow := fs.Bool("follow", false, "then print the live output until interrupted")
+	pos, code, ok := ParseFlags(fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 {
+		return Usagef(env, "want NODE, got %d argument(s)", len(pos))
+	}
+	if *tail < 0 {
+		return Usagef(env, "-tail %d: must not be negative", *tail)
+	}
+	c, err := f.client()
+	if err != nil {
+		return Usagef(env, "%s", err)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if !*follow {
+		var tcancel context.CancelFunc
+		lctx, tcancel = context.WithTimeout(lctx, f.timeout)
+		defer tcancel()
+	}
+	rc, err := c.ConsoleLog(lctx, pos[0], *tail, *follow)
+	if err != nil {
+		return reportError(env, "table", err)
+	}
+	defer rc.Close()
+	_, err = io.Copy(env.Stdout, rc)
+	if err != nil && ctx.Err() == nil && !errors.Is(err, io.EOF) {
+		return reportError(env, "table", err)
+	}
 	return 0
 }
 
