@@ -185,18 +185,26 @@ func TestSecurityAgent_StoppedAgentFailsInFlightOperationAsUnknown(t *testing.T)
 		t.Errorf("agents while a1 is stopped = %+v, %v; want a1 lost", as, err)
 	}
 
-	// Resumed, the agent finishes the operation, reconnects and reports
-	// it: the receipt gets its real outcome.
+	// Resumed, the agent reconnects and reports how the operation really
+	// ended: ok if its BMC action had begun before the stop (it finishes),
+	// failed (not_started) if it had not (queued behind another call to the
+	// same BMC): the link fence never begins it after its caller was told
+	// "unknown". The node's power state says which.
 	resume()
 	waitAgentHealthy(t, c)
 	var got api.Receipt
 	if !waitUntil(30*time.Second, func() bool {
 		got, err = cl.Operation(ctx, ae.Receipt.ID)
-		return err == nil && got.Outcome == api.OutcomeOK && got.Agent == "a1"
+		return err == nil && got.Agent == "a1" && (got.Outcome == api.OutcomeOK || got.Outcome == api.OutcomeFailed && got.ErrorClass == "not_started")
 	}) {
-		t.Errorf("receipt %s 30s after the agent resumed = %+v, %v; want outcome ok from a1\n--- agent log:\n%s\n--- coordinator log:\n%s",
+		t.Fatalf("receipt %s 30s after the agent resumed = %+v, %v; want ok or failed (not_started) from a1\n--- agent log:\n%s\n--- coordinator log:\n%s",
 			ae.Receipt.ID, got, err, tail(c.Agent.Log(t), 4000), tail(c.Coord.Log(t), 6000))
 	}
+	st, err := cl.PowerStatus(ctx, "slow")
+	if err != nil || (st.State == "on") != (got.Outcome == api.OutcomeOK) {
+		t.Errorf("power state %q (%v) after the receipt said %s (%s); want on exactly when it is ok", st.State, err, got.Outcome, got.ErrorClass)
+	}
+	t.Logf("receipt after the agent resumed: %s (%s); power %s", got.Outcome, got.ErrorClass, st.State)
 }
 
 // Twenty operations queued for a BMC that never answers (a bound UDP port
