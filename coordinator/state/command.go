@@ -172,6 +172,9 @@ func Decode(data []byte) (c Command, ignore bool, err error) {
 		if c, ok, err = decodeFleetCommand(env); ok {
 			break
 		}
+		if c, ok, err = decodeAuditBatch(env); ok {
+			break
+		}
 		if env.IgnoreIfUnknown {
 			return nil, true, nil
 		}
@@ -255,6 +258,9 @@ func (s *State) apply(index uint64, c Command) (Result, error) {
 		return r, nil
 	}
 	if r, ok := s.applyFleet(index, c); ok {
+		return r, nil
+	}
+	if r, ok := s.applyAuditBatch(index, c); ok {
 		return r, nil
 	}
 	return s.applyCore(index, c)
