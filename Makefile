@@ -17,7 +17,11 @@ ifndef VERSION
 VERSION := $(shell v=$$(git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null) && echo "$${v/v/}" || \
 	echo "$$(sed -n 's/^var Version = "\(.*\)"$$/\1/p' coordinator/coordinator.go)+g$$(git describe --always --dirty 2>/dev/null | tr - . || echo unknown)")
 endif
-LDFLAGS  := -X github.com/obmesh/obmesh/coordinator.Version=$(VERSION)
+# The commit obmesh version reports (12 digits, -dirty with changes).
+ifndef COMMIT
+COMMIT := $(shell c=$$(git rev-parse --short=12 HEAD 2>/dev/null) && { git diff --quiet HEAD 2>/dev/null || c=$$c-dirty; echo $$c; })
+endif
+LDFLAGS  := -X github.com/obmesh/obmesh/coordinator.Version=$(VERSION) -X github.com/obmesh/obmesh/cmd/obmesh/daemon.Commit=$(COMMIT)
 
 # make install: where things go (DESTDIR is prepended to all of them).
 PREFIX     ?= /usr/local
@@ -32,7 +36,7 @@ NFPM       ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
 
 .DEFAULT_GOAL := help
 
-.PHONY: install package print-version help build run test test-short test-hil lint proto bench fuzz fuzz-short clean deps mutate mutate-ci
+.PHONY: install package print-version print-commit help build run test test-short test-hil lint proto bench fuzz fuzz-short clean deps mutate mutate-ci
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -88,9 +92,10 @@ fuzz: ## fuzz every target for FUZZTIME (default 30s) each
 fuzz-short: ## fuzz every target briefly (FUZZTIME_SHORT, default 5s); part of make test
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_SHORT)
 
-install: build ## install binaries, systemd units, completions, docs and example configs into DESTDIR/PREFIX (default /usr/local)
+install: build ## install binaries, systemd units, completions, the man page, docs and example configs into DESTDIR/PREFIX (default /usr/local)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(DOCDIR)/examples \
-		$(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/vendor-completions
+		$(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/vendor-completions \
+		$(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 0755 $(BIN)/obmesh $(BIN)/obmd $(DESTDIR)$(BINDIR)/
 	for u in packaging/systemd/*.service.in; do \
 		out=$(DESTDIR)$(UNITDIR)/$$(basename $$u .in); \
@@ -102,10 +107,15 @@ install: build ## install binaries, systemd units, completions, docs and example
 	install -m 0644 README.md CHANGELOG.md docs/*.md $(DESTDIR)$(DOCDIR)/
 	GOOS= GOARCH= $(GO) run ./cmd/obmesh completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/obmesh
 	GOOS= GOARCH= $(GO) run ./cmd/obmesh completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/vendor-completions/_obmesh
-	chmod 0644 $(DESTDIR)$(PREFIX)/share/bash-completion/completions/obmesh $(DESTDIR)$(PREFIX)/share/zsh/vendor-completions/_obmesh
+	GOOS= GOARCH= $(GO) run -ldflags '$(LDFLAGS)' ./cmd/obmesh man | gzip -n -9 > $(DESTDIR)$(PREFIX)/share/man/man1/obmesh.1.gz
+	chmod 0644 $(DESTDIR)$(PREFIX)/share/bash-completion/completions/obmesh $(DESTDIR)$(PREFIX)/share/zsh/vendor-completions/_obmesh \
+		$(DESTDIR)$(PREFIX)/share/man/man1/obmesh.1.gz
 
 print-version: ## print the version make build, install and package stamp
 	@echo $(VERSION)
+
+print-commit: ## print the commit make build, install and package stamp
+	@echo $(COMMIT)
 
 package: ## build dist/obmesh_VERSION_ARCH.deb (DIST) with nfpm v2.45.2 (go run: network only to the Go module proxy)
 	rm -rf $(PKGROOT)

@@ -11,6 +11,7 @@ wanted=(
   python3-requests:/usr/lib/python3/dist-packages/requests
   systemd:systemd-analyze
   zsh:zsh
+  groff-base:groff   # obmesh man is checked with groff -ww (cmd/obmesh/daemon)
 )
 
 missing=()

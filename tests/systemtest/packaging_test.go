@@ -42,12 +42,19 @@ var hardening = []string{
 // under 2.0), the completions and the example configs under PREFIX.
 func TestMakeInstall(t *testing.T) {
 	prefix := filepath.Join(t.TempDir(), "usr")
-	runMake(t, "install", "BIN="+filepath.Join(t.TempDir(), "bin"), "PREFIX="+prefix, "VERSION=9.8.7-test")
+	runMake(t, "install", "BIN="+filepath.Join(t.TempDir(), "bin"), "PREFIX="+prefix, "VERSION=9.8.7-test", "COMMIT=feedc0ffee12")
 
 	obmesh := filepath.Join(prefix, "bin", "obmesh")
 	out, err := exec.Command(obmesh, "version").CombinedOutput()
-	if err != nil || !strings.HasPrefix(string(out), "obmesh 9.8.7-test\n") {
-		t.Errorf("installed obmesh version: %v %q", err, out)
+	if err != nil || !strings.HasPrefix(string(out), "obmesh 9.8.7-test\ncommit feedc0ffee12, go") {
+		t.Errorf("installed obmesh version (version, commit, Go): %v %q", err, out)
+	}
+	// The man page, gzipped, made by the installed version from every
+	// command's --help.
+	man, err := exec.Command("gzip", "-dc", filepath.Join(prefix, "share/man/man1/obmesh.1.gz")).Output()
+	if err != nil || !strings.HasPrefix(string(man), `.TH OBMESH 1 "" "obmesh 9.8.7-test"`) ||
+		!strings.Contains(string(man), "\n.SS obmesh node list\n.nf\nUsage: obmesh node list") {
+		t.Errorf("installed man page: %v\n%.400s", err, man)
 	}
 	for _, f := range []string{"bin/obmd", "lib/sysusers.d/obmesh.conf", "share/doc/obmesh/examples/coordinator.toml",
 		"share/doc/obmesh/examples/agent.toml", "share/doc/obmesh/operations.md"} {
@@ -126,13 +133,25 @@ func TestMakePackage(t *testing.T) {
 	if p := field("Package"); p != "obmesh" {
 		t.Errorf("package name %q", p)
 	}
+	info, err := exec.Command("dpkg-deb", "-I", deb).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Architecture: ", "Depends: adduser", "Section: admin", "Description: Highly available out-of-band (BMC) management service.",
+		" postinst", " prerm", " postrm"} {
+		if !strings.Contains(string(info), want) {
+			t.Errorf("dpkg-deb -I lacks %q:\n%s", want, info)
+		}
+	}
 	out, err := exec.Command("dpkg-deb", "-c", deb).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"./usr/bin/obmesh", "./usr/bin/obmd", "./usr/lib/systemd/system/obmesh-coordinator.service",
 		"./usr/lib/systemd/system/obmesh-agent.service", "./usr/lib/sysusers.d/obmesh.conf", "./etc/obmesh/",
-		"./usr/share/doc/obmesh/examples/coordinator-cluster.toml", "./usr/share/bash-completion/completions/obmesh"} {
+		"./usr/share/doc/obmesh/examples/coordinator-cluster.toml", "./usr/share/doc/obmesh/examples/agent.toml",
+		"./usr/share/doc/obmesh/operations.md", "./usr/share/bash-completion/completions/obmesh",
+		"./usr/share/zsh/vendor-completions/_obmesh", "./usr/share/man/man1/obmesh.1.gz"} {
 		if !strings.Contains(string(out), " "+f+"\n") {
 			t.Errorf("the package lacks %s:\n%s", f, out)
 		}
@@ -188,19 +207,74 @@ func TestDockerfile(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(df, "-X github.com/obmesh/obmesh/coordinator.Version=") {
-		t.Error("the Dockerfile does not stamp coordinator.Version")
-	}
 	if src, _ := os.ReadFile(filepath.Join(root, "coordinator", "coordinator.go")); !regexp.MustCompile(`(?m)^var Version = "`).Match(src) {
-		t.Error("coordinator.Version is no longer a string variable -X can set (Makefile and Dockerfile stamp it)")
+		t.Error("coordinator.Version is no longer a string variable -X can set (the Makefile stamps it)")
+	}
+	if src, _ := os.ReadFile(filepath.Join(root, "cmd", "obmesh", "daemon", "version.go")); !regexp.MustCompile(`(?m)^var Commit = "`).Match(src) {
+		t.Error("daemon.Commit is no longer a string variable -X can set (the Makefile stamps it)")
 	}
 	users := regexp.MustCompile(`(?m)^USER (\S+)`).FindAllStringSubmatch(df, -1)
 	if len(users) == 0 || strings.HasPrefix(users[len(users)-1][1], "root") || strings.HasPrefix(users[len(users)-1][1], "0") {
 		t.Errorf("the image runs as %v, want an unprivileged user", users)
 	}
-	for _, want := range []string{"./cmd/obmesh", "./cmd/obmd", `ENTRYPOINT ["/usr/bin/obmesh"]`} {
-		if !strings.Contains(df, want) {
-			t.Errorf("the Dockerfile lacks %s", want)
+	if !strings.Contains(df, `ENTRYPOINT ["/usr/bin/obmesh"]`) {
+		t.Error("the Dockerfile lacks its ENTRYPOINT")
+	}
+
+	// The build stage is the Makefile's install target: run its RUN make
+	// line here as the image would (its ARG defaults and ENV, its absolute
+	// staging paths moved under a temporary directory), then check that
+	// what the final stage copies from it exists and that the binary is
+	// stamped with the build arguments.
+	run := regexp.MustCompile(`(?m)^RUN make (.+)$`).FindStringSubmatch(df)
+	if run == nil {
+		t.Fatal("the Dockerfile's build stage does not run make")
+	}
+	args := map[string]string{}
+	for _, a := range regexp.MustCompile(`(?m)^ARG (\w+)=(\S+)$`).FindAllStringSubmatch(df, -1) {
+		args[a[1]] = a[2]
+	}
+	env := os.Environ()
+	if e := regexp.MustCompile(`(?m)^ENV (.+)$`).FindStringSubmatch(df); e != nil {
+		for _, kv := range strings.Fields(e[1]) {
+			if v, ok := strings.CutPrefix(kv, "GOFLAGS="); ok && os.Getenv("GOFLAGS") != "" {
+				kv = "GOFLAGS=" + os.Getenv("GOFLAGS") + " " + v // this machine's flags too
+			}
+			env = append(env, kv)
 		}
+	}
+	stage := t.TempDir()
+	var makeArgs []string
+	for _, f := range strings.Fields(run[1]) {
+		f = os.Expand(strings.ReplaceAll(f, `"`, ""), func(k string) string { return args[k] })
+		if k, v, ok := strings.Cut(f, "="); ok && (k == "DESTDIR" || k == "BIN") {
+			f = k + "=" + filepath.Join(stage, v)
+		}
+		makeArgs = append(makeArgs, f)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "make", append([]string{"--no-print-directory", "-C", root}, makeArgs...)...)
+	cmd.Env = env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the build stage's make %s: %v\n%s", strings.Join(makeArgs, " "), err, tail(string(out), 4000))
+	}
+	copies := regexp.MustCompile(`(?m)^COPY --from=build (\S+) \S+$`).FindAllStringSubmatch(df, -1)
+	if len(copies) == 0 {
+		t.Fatal("the final stage copies nothing from the build stage")
+	}
+	for _, c := range copies {
+		if _, err := os.Stat(filepath.Join(stage, c[1])); err != nil {
+			t.Errorf("COPY --from=build %s: %v", c[1], err)
+		}
+	}
+	for _, f := range []string{"pkg/usr/bin/obmesh", "pkg/usr/bin/obmd", "pkg/usr/share/man/man1/obmesh.1.gz", "pkg/usr/share/doc/obmesh/examples/agent.toml"} {
+		if _, err := os.Stat(filepath.Join(stage, f)); err != nil {
+			t.Errorf("the image would lack /%s: %v", strings.TrimPrefix(f, "pkg/"), err)
+		}
+	}
+	out, err := exec.Command(filepath.Join(stage, "pkg/usr/bin/obmesh"), "version").CombinedOutput()
+	if want := "obmesh " + args["VERSION"] + "\ncommit " + args["COMMIT"] + ", "; err != nil || !strings.HasPrefix(string(out), want) {
+		t.Errorf("the image's obmesh version: %v %q, want %q...", err, out, want)
 	}
 }

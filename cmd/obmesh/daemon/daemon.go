@@ -57,7 +57,7 @@ func Root() *cli.Command {
 		}},
 		versionCommand(),
 	)
-	root.Subs = append(root.Subs, completionCommand(root))
+	root.Subs = append(root.Subs, completionCommand(root), manCommand(root))
 	return root
 }
 

@@ -26,11 +26,19 @@ func Version() string {
 	return coordinator.Version
 }
 
-// buildDetails describes the build: the commit when Go recorded one, and
-// the toolchain and platform.
+// Commit is the source commit, set at link time (-ldflags "-X
+// github.com/obmesh/obmesh/cmd/obmesh/daemon.Commit=abc123", as make build,
+// install and package and the Dockerfile do). Empty: the commit Go
+// recorded (vcs.revision), if any.
+var Commit = ""
+
+// buildDetails describes the build: the commit (set at link time, or the
+// one Go recorded), and the toolchain and platform.
 func buildDetails() string {
 	var parts []string
-	if bi, ok := debug.ReadBuildInfo(); ok {
+	if Commit != "" {
+		parts = append(parts, "commit "+Commit)
+	} else if bi, ok := debug.ReadBuildInfo(); ok {
 		var rev, modified string
 		for _, s := range bi.Settings {
 			switch s.Key {

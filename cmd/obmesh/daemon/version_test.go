@@ -29,6 +29,13 @@ func TestVersion(t *testing.T) {
 	if v := Version(); v != "0.9.0-dev" {
 		t.Errorf("Version() = %q for a development build", v)
 	}
+	// The commit stamped at link time is printed as is.
+	oldCommit := Commit
+	defer func() { Commit = oldCommit }()
+	Commit = "0123456789ab-dirty"
+	if out, _ := runCmd(t, "version"); !strings.Contains(out, "\ncommit 0123456789ab-dirty, "+runtime.Version()+" ") {
+		t.Errorf("version with a stamped commit: %q", out)
+	}
 	if _, code := runCmd(t, "version", "extra"); code != 2 {
 		t.Errorf("version extra: exit %d, want 2", code)
 	}
