@@ -22,8 +22,8 @@
 //     never slows the BMC or the other viewers.
 //   - A paced console (Attach's Paced: one that produces output as fast as
 //     it is read, like obmd's mock) is read only while a viewer waits at
-//     the end of the output or logging is on; any other is read all the
-//     time the session is open.
+//     the end of the output (logging records what viewers drove); any
+//     other is read all the time the session is open.
 //   - One viewer at a time may type (the writer). A viewer that asks to
 //     write gets the role if it is free, else it is read-only until the
 //     writer leaves, when the longest-waiting one gets it (and is told,
@@ -50,6 +50,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/obmesh/obmesh/internal/config"
 )
 
 // Errors.
@@ -84,21 +86,8 @@ type Config struct {
 	PacedDrivers []string `toml:"paced_drivers"`
 }
 
-// Duration is a time.Duration written as a string in TOML ("30s").
-type Duration time.Duration
-
-// UnmarshalText parses a Go duration.
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	if err != nil {
-		return err
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// D is the duration.
-func (d Duration) D() time.Duration { return time.Duration(d) }
+// Duration is a time.Duration written as "30s" in TOML.
+type Duration = config.Duration
 
 func (c Config) withDefaults() Config {
 	if c.History <= 0 {
@@ -414,7 +403,7 @@ func (s *session) run() {
 	for {
 		if s.paced {
 			s.mu.Lock()
-			for !s.ended && s.waiting == 0 && s.log == nil {
+			for !s.ended && s.waiting == 0 {
 				s.mu.Unlock()
 				<-s.wake
 				s.mu.Lock()
