@@ -46,6 +46,8 @@ type Env struct {
 
 	// isTTY overrides terminal detection (tests).
 	isTTY func(io.Writer) bool
+	// stdinTTY overrides whether stdin is a terminal to ask on (tests).
+	stdinTTY func() bool
 }
 
 // OSEnv is the real process environment.
@@ -358,5 +360,5 @@ func table(w io.Writer, header string, rows [][]string) {
 // and status.
 func Commands() []*Command {
 	return []*Command{nodeCommand(), powerCommand(), bootCommand(), agentListCommand(), operationCommand(), consoleCommand(),
-		operatorCommand(), snapshotCommand(), subscriptionCommand(), eventsCommand(), statusCommand()}
+		operatorCommand(), snapshotCommand(), subscriptionCommand(), eventsCommand(), statusCommand(), jobCommand()}
 }

@@ -62,7 +62,10 @@ func describe(err error) (class, msg string, code int) {
 	var ue *url.Error
 	var usage *usageError
 	var cf *checkFailed
+	var ec exitCoder
 	switch {
+	case errors.As(err, &ec): // job.go
+		return ec.class(), ec.Error(), ec.exitCode()
 	case errors.As(err, &usage):
 		return classUsage, usage.Error(), 2
 	case errors.As(err, &cf):

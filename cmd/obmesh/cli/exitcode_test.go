@@ -48,7 +48,7 @@ func TestCLI_ExitCodes(t *testing.T) {
 		{"outcome unknown", []string{"power", "on", "lost"}, 3, ""},
 		{"outcome unknown, receipt in JSON", []string{"power", "on", "lost", "-o", "json"}, 3, `"op-2"`},
 		{"missing argument", []string{"power", "on"}, 2, ""},
-		{"extra argument", []string{"power", "on", "a", "b"}, 2, ""},
+		{"extra argument", []string{"boot", "get", "a", "b"}, 2, ""}, // power on a b is a job (job.go)
 		{"unknown flag", []string{"power", "on", "ok", "-nope"}, 2, ""},
 		{"bad output format", []string{"power", "on", "ok", "-o", "yaml"}, 2, ""},
 		{"unknown command", []string{"power", "sideways", "ok"}, 2, ""},

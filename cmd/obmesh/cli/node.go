@@ -37,6 +37,7 @@ func nodeCommand() *Command {
 	var opts optionFlag
 	var pwStdin, check bool
 	var pwFile string
+	var labels labelFlag // label.go
 	register := apiCommand("register", "Register a node. The BMC password is read from -password-stdin, -password-file or OBMESH_BMC_PASSWORD, never from the command line. The driver must be one an agent has, and the driver checks the options; with -check the BMC is then asked who it is, once.", "NAME", 1,
 		func(fs *flag.FlagSet) {
 			spec, opts, pwStdin, pwFile, check = api.NodeSpec{}, optionFlag{}, false, "", false
@@ -47,6 +48,8 @@ func nodeCommand() *Command {
 			fs.BoolVar(&pwStdin, "password-stdin", false, "read the BMC password from the first line of stdin")
 			fs.StringVar(&pwFile, "password-file", "", "read the BMC password from this file")
 			fs.Var(opts, "option", "driver option key=value (repeatable)")
+			labels = labelFlag{}
+			fs.Var(labels, "label", "label key=value for selectors (repeatable)")
 			fs.BoolVar(&check, "check", false, "after registering, contact the BMC once and report its identity or the error (exit 1 if it fails; the node stays registered: fix it with obmesh node update)")
 		},
 		func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error {
@@ -61,6 +64,9 @@ func nodeCommand() *Command {
 			spec.Password = pw
 			if len(opts) > 0 {
 				spec.Options = opts
+			}
+			if len(labels) > 0 {
+				spec.Labels = labels
 			}
 			n, err := c.RegisterNode(ctx, spec)
 			if err != nil {
@@ -195,7 +201,7 @@ func nodeCommand() *Command {
 			}
 			return nil
 		})
-	return &Command{Name: "node", Synopsis: "Register, list, show, update and delete nodes", Subs: []*Command{register, list, show, update, del}}
+	return &Command{Name: "node", Synopsis: "Register, list, show, update and delete nodes", Subs: []*Command{register, list, show, update, del, nodeLabelCommand()}}
 }
 
 // checkFailed is a node registered whose BMC check (-check) failed.
@@ -287,6 +293,7 @@ func printNode(env Env, output string, n api.Node) {
 		rows = append(rows, []string{"Power:", n.Power.State + " (last seen " + ago(&n.Power.At) + ")"})
 	}
 	rows = append(rows, observedRows(n)...) // node_observed.go
+	rows = append(rows, labelRows(n)...)    // label.go
 	keys := make([]string, 0, len(n.Options))
 	for k := range n.Options {
 		keys = append(keys, k)

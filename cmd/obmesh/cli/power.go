@@ -10,16 +10,19 @@ import (
 )
 
 func powerCommand() *Command {
-	actions := []struct{ cmd, action, link, synopsis string }{
-		{"on", api.ActionOn, "power_on", "Power a node on."},
-		{"off", api.ActionOff, "power_off", "Power a node off, hard."},
-		{"soft-off", api.ActionSoftOff, "power_soft_off", "Ask the OS to shut down (ACPI); it may ignore it."},
-		{"cycle", api.ActionCycle, "power_cycle", "Power a node off hard, then on."},
-		{"reset", api.ActionReset, "power_reset", "Reset a node, hard."},
+	actions := []struct {
+		cmd, action, link, synopsis string
+		destructive                 bool
+	}{
+		{"on", api.ActionOn, "power_on", "Power a node on.", false},
+		{"off", api.ActionOff, "power_off", "Power a node off, hard.", true},
+		{"soft-off", api.ActionSoftOff, "power_soft_off", "Ask the OS to shut down (ACPI); it may ignore it.", true},
+		{"cycle", api.ActionCycle, "power_cycle", "Power a node off hard, then on.", true},
+		{"reset", api.ActionReset, "power_reset", "Reset a node, hard.", true},
 	}
 	var subs []*Command
 	for _, a := range actions {
-		subs = append(subs, apiCommand(a.cmd, a.synopsis, "NODE", 1, nil,
+		subs = append(subs, selectableCommand(a.cmd, a.synopsis, "NODE...", 0, a.destructive, nil,
 			func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error {
 				r, err := runOp(ctx, env, c, f, args[0], a.link, true, func(ctx context.Context, c *api.Client) (api.Receipt, error) {
 					return c.Power(ctx, args[0], a.action)
@@ -29,9 +32,10 @@ func powerCommand() *Command {
 				}
 				printReceipt(env, f.output, r)
 				return nil
-			}))
+			},
+			func([]string) (api.JobSpec, error) { return api.JobSpec{Action: a.action}, nil }))
 	}
-	subs = append(subs, apiCommand("status", "Show a node's power state, read from its BMC.", "NODE", 1, nil,
+	subs = append(subs, selectableCommand("status", "Show a node's power state, read from its BMC.", "NODE...", 0, false, nil,
 		func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error {
 			r, err := runOp(ctx, env, c, f, args[0], "power_status", false, func(ctx context.Context, c *api.Client) (api.Receipt, error) {
 				return c.PowerStatus(ctx, args[0])
@@ -45,13 +49,14 @@ func powerCommand() *Command {
 			}
 			fmt.Fprintf(env.Stdout, "%s: %s\n", termText(r.Node), termText(r.State))
 			return nil
-		}))
+		},
+		func([]string) (api.JobSpec, error) { return api.JobSpec{Action: api.JobActionStatus}, nil }))
 	return &Command{Name: "power", Synopsis: "Power nodes on, off, cycle, reset; show power state", Subs: subs}
 }
 
 func bootCommand() *Command {
 	var persistent, efi bool
-	set := apiCommand("set", "Set a node's boot device: "+strings.Join(api.BootDevices, ", ")+".", "NODE DEVICE", 2,
+	set := selectableCommand("set", "Set a node's boot device: "+strings.Join(api.BootDevices, ", ")+".", "NODE... DEVICE", 1, true,
 		func(fs *flag.FlagSet) {
 			persistent, efi = false, false
 			fs.BoolVar(&persistent, "persistent", false, "keep the device for every boot (default: next boot only)")
@@ -66,6 +71,9 @@ func bootCommand() *Command {
 			}
 			printReceipt(env, f.output, r)
 			return nil
+		},
+		func(rest []string) (api.JobSpec, error) {
+			return api.JobSpec{Action: api.JobActionBoot, Boot: &api.BootRequest{Device: rest[0], Persistent: persistent, EFI: efi}}, nil
 		})
 	get := apiCommand("get", "Show a node's boot override, read from its BMC.", "NODE", 1, nil,
 		func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error {
