@@ -89,3 +89,43 @@ func TestFailingErr_GivesTheReasonAndTheNextStart(t *testing.T) {
 		t.Errorf("failing error = %v", err)
 	}
 }
+
+// holdGen counts a call (the logout of an old session) on the live
+// process of one generation, current or draining, and on nothing else.
+func TestHoldGen_CountsACallOnlyOnALiveProcessOfThatGeneration(t *testing.T) {
+	_, p := supervised(Config{})
+	now := time.Now()
+	dead := &proc{Process: exitedMock(t), gen: 1, started: now}
+	draining := &proc{Process: startMock(t), gen: 2, started: now}
+	cur := &proc{Process: startMock(t), gen: 3, started: now}
+	p.cur = dead
+	p.retireLocked(dead, now)
+	p.cur = draining
+	p.retireLocked(draining, now)
+	p.cur, p.gen = cur, 3
+
+	if got := p.holdGen(3); got != cur || cur.calls != 1 {
+		t.Errorf("holdGen(current) = %v (calls %d), want the current process counted", got, cur.calls)
+	}
+	if got := p.holdGen(2); got != draining || draining.calls != 1 {
+		t.Errorf("holdGen(draining) = %v (calls %d), want the draining process counted", got, draining.calls)
+	}
+	if got := p.holdGen(1); got != nil || dead.calls != 0 {
+		t.Errorf("holdGen(exited) = %v, want nil: there is no process to log out through", got)
+	}
+	if got := p.holdGen(4); got != nil {
+		t.Errorf("holdGen(unknown generation) = %v, want nil", got)
+	}
+	p.cur = &proc{Process: dead.Process, gen: 5, started: now}
+	if got := p.holdGen(5); got != nil {
+		t.Errorf("holdGen(an exited current process) = %v, want nil", got)
+	}
+	p.cur = nil
+	if got := p.holdGen(3); got != nil {
+		t.Errorf("holdGen with no current process = %v, want nil", got)
+	}
+	p.hold(cur)
+	if cur.calls != 2 {
+		t.Errorf("hold: calls = %d, want 2", cur.calls)
+	}
+}
