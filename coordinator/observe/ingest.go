@@ -129,7 +129,7 @@ func (s *Service) takeReport(ctx context.Context, agent string, r *agentpb.Power
 						rec.PowerCause = state.CauseExternal
 						rec.External = &state.PowerChange{From: from, To: p, AtUnixNano: read.UnixNano(), PreviousAtUnixNano: prevAt.UnixNano(), Agent: agent}
 						ev = &api.Event{ID: externalEventID(n.Name, read), Kind: api.EventPowerChanged, Node: n.Name, Agent: agent,
-							ReceivedAt: time.Now().UTC(), EventType: "PowerChanged", Origin: "obmesh",
+							ReceivedAt: time.Now().UTC(), EventType: "PowerChanged", MessageID: "obmesh.PowerChanged", Severity: "Warning", Origin: "obmesh",
 							Message: "power changed outside obmesh: " + from + " to " + p,
 							Power:   apiChange(rec.External)}
 					}
