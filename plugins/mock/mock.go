@@ -1,5 +1,6 @@
 // Package mock is a test driver with obmd's mock semantics: power actions
-// never fail and are recorded per node, the console is an endless stream of
+// never fail (unless the option "fail" injects a failure) and are recorded
+// per node, the console is an endless stream of
 // decimal lines "0\n", "1\n", ... whose counter survives reconnects, and a
 // dropped stream loses (and counts) the line that was being written.
 //
@@ -37,13 +38,25 @@ func (d *Driver) Info() sdk.Info { return sdk.Info{Name: "mock", Version: "1.0.0
 // JSON decoding matched it) sets the first console line of a new
 // registration. The option "delay" (a Go duration, at most 1m) makes every
 // power and boot call take that long, for tests of operations in flight.
+// The option "fail" (an error class: auth, unreachable, busy, protocol or
+// privilege) makes every power and boot call fail with that class after
+// the delay, changing nothing: an injected BMC failure for tests.
 func (d *Driver) Open(ctx context.Context, n sdk.Node) (sdk.BMC, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, sdk.Errorf(sdk.ClassTimeout, "mock: open: %v", err)
 	}
 	var start uint64
 	var delay time.Duration
+	var fail sdk.Class
 	for k, v := range n.Options {
+		if strings.EqualFold(k, "fail") {
+			switch c := sdk.Class(v); c {
+			case sdk.ClassAuth, sdk.ClassUnreachable, sdk.ClassBusy, sdk.ClassProtocol, sdk.ClassPrivilege:
+				fail = c
+			default:
+				return nil, sdk.Errorf(sdk.ClassInvalid, "mock: option fail must be auth, unreachable, busy, protocol or privilege, got %q", v)
+			}
+		}
 		if strings.EqualFold(k, "delay") {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 || d > time.Minute {
@@ -70,7 +83,7 @@ func (d *Driver) Open(ctx context.Context, n sdk.Node) (sdk.BMC, error) {
 		st = &node{power: sdk.StateOff, counter: start}
 		d.nodes[key] = st
 	}
-	return &bmc{n: st, delay: delay}, nil
+	return &bmc{n: st, delay: delay, fail: fail}, nil
 }
 
 // LastAction returns the last recorded action for a node key, in obmd's
@@ -101,21 +114,31 @@ type node struct {
 type bmc struct {
 	n     *node
 	delay time.Duration
+	fail  sdk.Class // option fail: every power and boot call fails with it
 }
 
-// wait sleeps for the configured delay, bounded by ctx.
+// wait sleeps for the configured delay, bounded by ctx, then fails with
+// the injected failure, if any.
 func (b *bmc) wait(ctx context.Context) error {
 	if b.delay == 0 {
-		return nil
+		return b.injected()
 	}
 	t := time.NewTimer(b.delay)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return nil
+		return b.injected()
 	case <-ctx.Done():
 		return sdk.Errorf(sdk.ClassTimeout, "mock: %v", ctx.Err())
 	}
+}
+
+// injected is the failure option fail asks for (nil without it).
+func (b *bmc) injected() error {
+	if b.fail == "" {
+		return nil
+	}
+	return sdk.Errorf(b.fail, "mock: injected failure (option fail=%s)", b.fail)
 }
 
 var (
