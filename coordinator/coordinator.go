@@ -27,6 +27,7 @@ import (
 	"github.com/obmesh/obmesh/coordinator/cluster"
 	"github.com/obmesh/obmesh/coordinator/cluster/clusterpb"
 	"github.com/obmesh/obmesh/coordinator/events"
+	"github.com/obmesh/obmesh/coordinator/jobs"
 	"github.com/obmesh/obmesh/coordinator/observe"
 	"github.com/obmesh/obmesh/coordinator/ops"
 	"github.com/obmesh/obmesh/coordinator/seal"
@@ -173,6 +174,8 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	registry.SetDoor(ops.Door{State: st.State(), Connected: svc.Connected, Disp: svc, Epoch: st})
 	apiHandler := apiserver.New(apiserver.Config{AdminToken: token, Version: Version}, st, runner, svc, registry, membership{st, members}, s.logger)
 	apiHandler.SetEvents(evs)
+	jobSvc := jobs.New(jobs.Config{}, st, runner, s.logger)
+	apiHandler.SetJobs(jobSvc, jobs.ErrFinished, jobs.ErrNotRunning)
 	obs = newObserve(st, svc, keys, runner, evs, s.logger)
 	apiHandler.SetObserved(obs.View)
 	apiHandler.SetConsoleForwarder(cluster.NewForwarder(members)) // a follower tunnels console WebSockets to the leader
@@ -295,6 +298,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		}
 	})
 	wg.Go(func() { evs.Run(wctx) })
+	wg.Go(func() { jobSvc.Run(wctx) })
 	wg.Go(func() { obs.Run(wctx) })
 	if monSrv != nil {
 		wg.Go(func() {
