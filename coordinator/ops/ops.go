@@ -7,7 +7,9 @@
 // replicated audit trail as "unknown" once the agent is chosen and before
 // the operation is sent to it, and again with their outcome; lookups read
 // the recorded receipt (every member answers the same). Reads (status,
-// identity) and consoles are kept in memory on the leader only.
+// identity) and consoles are kept in memory on the leader only. Records
+// made at the same time share one Raft entry (batch.go); each is still
+// committed before its caller goes on.
 //
 // Every receipt resolves when the truth arrives: a result that comes back
 // after the sender gave up (or under a later leader) completes the recorded
@@ -194,6 +196,8 @@ type Runner struct {
 	forgot   map[string]string // ids an agent no longer knows, by agent (not asked again)
 
 	power powerMemory // the last power state seen per node (progress.go)
+
+	batch *recordBatcher // receipt records, group-committed (batch.go); nil: one entry each
 }
 
 // New returns a Runner. Receipts of operations that change something are
@@ -215,8 +219,12 @@ func New(cfg Config, nodes Nodes, keys *seal.Keyring, disp Dispatcher, epoch Epo
 	if cfg.SettleAfter == 0 {
 		cfg.SettleAfter = 15 * time.Second
 	}
-	return &Runner{cfg: cfg, nodes: nodes, keys: keys, disp: disp, epoch: epoch, audit: audit,
+	r := &Runner{cfg: cfg, nodes: nodes, keys: keys, disp: disp, epoch: epoch, audit: audit,
 		logger: logger.With("component", "ops"), recent: map[string]api.Receipt{}, reserved: map[string]string{}, forgot: map[string]string{}}
+	if audit != nil {
+		r.batch = newRecordBatcher(audit)
+	}
+	return r
 }
 
 // Failure is an operation error with its class; Receipt says what happened.
@@ -612,7 +620,12 @@ func (r *Runner) recordReceipt(ctx context.Context, rec api.Receipt, key string)
 	if err != nil {
 		return err
 	}
-	_, err = r.audit.Apply(ctx, state.RecordOperation{ID: rec.ID, Receipt: b, Key: key, StampUnixNano: time.Now().UnixNano()})
+	c := state.RecordOperation{ID: rec.ID, Receipt: b, Key: key, StampUnixNano: time.Now().UnixNano()}
+	if r.batch != nil {
+		// Records made at the same time share one commit (batch.go).
+		return r.batch.record(ctx, c)
+	}
+	_, err = r.audit.Apply(ctx, c)
 	return err
 }
 
