@@ -12,6 +12,7 @@ wanted=(
   systemd:systemd-analyze
   zsh:zsh
   groff-base:groff   # obmesh man is checked with groff -ww (cmd/obmesh/daemon)
+  chromium:chromium   # the web UI's browser test (tests/systemtest/webui_test.go)
 )
 
 missing=()

@@ -205,19 +205,31 @@ function renderNodes() {
   $('nodes-count').textContent = `${shown.length} of ${nodes.length}`;
 }
 
-// confirm asks in a modal dialog; it resolves true on Confirm.
+// The open confirmation's answer: resolved by the button that submits the
+// dialog's form (synchronously, so a quick second dialog cannot take the
+// first one's answer) or false when it is dismissed (Escape).
+let answer = null;
+
+function answerDialog(ok) {
+  if (answer) {
+    const resolve = answer;
+    answer = null;
+    resolve(ok);
+  }
+}
+
+// confirmDialog asks in a modal dialog; it resolves true on Confirm.
 function confirmDialog(title, text, { boot = false, danger = true } = {}) {
   const d = $('confirm');
+  answerDialog(false);
   $('confirm-title').textContent = title;
   $('confirm-text').textContent = text;
   $('boot-fields').hidden = !boot;
   $('confirm-ok').classList.toggle('danger', danger);
-  d.returnValue = '';
+  const p = new Promise((resolve) => { answer = resolve; });
   d.showModal();
   $('confirm-ok').focus();
-  return new Promise((resolve) => {
-    d.addEventListener('close', () => resolve(d.returnValue === 'ok'), { once: true });
-  });
+  return p;
 }
 
 const actionWords = { on: 'Power on', off: 'Power off (hard)', cycle: 'Power cycle (hard off, then on)' };
@@ -386,6 +398,8 @@ async function login(ev) {
 function init() {
   for (const d of ['pxe', 'disk', 'cdrom', 'bios', 'none']) $('boot-device').append(el('option', { value: d }, d));
   $('login-form').addEventListener('submit', login);
+  $('confirm').querySelector('form').addEventListener('submit', (ev) => answerDialog(ev.submitter?.value === 'ok'));
+  $('confirm').addEventListener('cancel', () => answerDialog(false));
   $('logout').addEventListener('click', () => logout(''));
   $('filter').addEventListener('input', renderNodes);
   $('nodes-refresh').addEventListener('click', () => refresh());

@@ -1,0 +1,393 @@
+package systemtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/tests/bmcsim"
+)
+
+// browserPath finds a Chromium or Chrome. When there is none it runs
+// scripts/install-deps.sh (which installs Debian's chromium as root) and
+// looks again; the test skips only when no browser can be installed.
+func browserPath(t *testing.T) string {
+	t.Helper()
+	find := func() string {
+		for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+			if p, err := exec.LookPath(name); err == nil {
+				return p
+			}
+		}
+		return ""
+	}
+	if p := find(); p != "" {
+		return p
+	}
+	out, err := exec.Command(filepath.Join(repoRoot(t), "scripts", "install-deps.sh")).CombinedOutput()
+	if p := find(); p != "" {
+		return p
+	}
+	t.Skipf("no browser: chromium is not installed and scripts/install-deps.sh could not install it (%v): %s", err, strings.TrimSpace(string(out)))
+	return ""
+}
+
+// page is a headless browser tab on the web UI.
+type page struct {
+	t    *testing.T
+	ctx  context.Context
+	base string
+
+	mu       sync.Mutex
+	problems []string // uncaught exceptions and CSP violations
+}
+
+func newPage(t *testing.T, base string) *page {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(browserPath(t)),
+		chromedp.WindowSize(1280, 800),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	if os.Geteuid() == 0 {
+		opts = append(opts, chromedp.NoSandbox) // Chromium refuses to run its sandbox as root
+	}
+	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); acancel() })
+	p := &page{t: t, ctx: ctx, base: base}
+	// The first Run starts the browser; it gets no deadline (a deadline
+	// would stop the browser), each step below has one.
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("start %s: %v", browserPath(t), err)
+	}
+	if err := chromedp.Listen(ctx, p.listen); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (p *page) listen(ev any) {
+	var problem string
+	switch e := ev.(type) {
+	case *runtime.EventExceptionThrown:
+		problem = "exception: " + e.ExceptionDetails.Text
+		if e.ExceptionDetails.Exception != nil {
+			problem += " " + e.ExceptionDetails.Exception.Description
+		}
+	case *log.EventEntryAdded:
+		if strings.Contains(e.Entry.Text, "Content Security Policy") || strings.Contains(e.Entry.Text, "Content-Security-Policy") {
+			problem = "CSP: " + e.Entry.Text
+		}
+	case *runtime.EventConsoleAPICalled:
+		if e.Type == runtime.ConsoleAPICalledTypeError {
+			for _, a := range e.Args {
+				if strings.Contains(a.Description+string(a.Value), "Content Security Policy") {
+					problem = "CSP: " + a.Description + string(a.Value)
+				}
+			}
+		}
+	}
+	if problem != "" {
+		p.mu.Lock()
+		p.problems = append(p.problems, problem)
+		p.mu.Unlock()
+	}
+}
+
+// clearInput empties a text input as a user deleting its text would
+// (chromedp's Clear only resets the value attribute, not what was typed).
+func clearInput(css string) chromedp.Action[chromedp.Void] {
+	return chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`{ const e = document.querySelector(%q); e.value = ""; e.dispatchEvent(new Event("input")); }`, css))
+}
+
+// typeKeys types s into the focused element as a keyboard does: per key a
+// keydown carrying its text (the browser derives keypress and input from
+// it, and not when a handler cancels the keydown, as xterm.js does) and a
+// keyup. chromedp's SendKeys sends a separate "char" event as well, which
+// a terminal that handles keydown would see as a second keystroke.
+func typeKeys(s string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		for _, r := range s {
+			down := input.DispatchKeyEventParams{Type: input.DispatchKeyEventTypeKeyDown, Key: string(r), Text: string(r)}
+			if r == '\r' {
+				down.Key, down.Code, down.WindowsVirtualKeyCode = "Enter", "Enter", 13
+			}
+			up := down
+			up.Type, up.Text = input.DispatchKeyEventTypeKeyUp, ""
+			for _, ev := range []input.DispatchKeyEventParams{down, up} {
+				if _, err := cdp.Call(ctx, t, input.DispatchKeyEvent, ev); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// do runs browser steps with a deadline.
+func (p *page) do(what string, steps ...chromedp.Action[chromedp.Void]) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 20*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		p.t.Fatalf("%s: %v\n%s", what, err, p.describe())
+	}
+}
+
+// eval evaluates a JavaScript expression.
+func evalIn[T any](p *page, expr string) (T, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+	defer cancel()
+	return chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+}
+
+// waitJS polls a JavaScript condition until it is true or timeout passes.
+func (p *page) waitJS(timeout time.Duration, what, cond string) {
+	p.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		ok, err := evalIn[bool](p, cond)
+		if err == nil && ok {
+			return
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.t.Fatalf("%s: not seen in the page within %v (last error %v)\n%s", what, timeout, last, p.describe())
+}
+
+// text is an element's visible text ("" when it is absent).
+func (p *page) text(css string) string {
+	s, _ := evalIn[string](p, fmt.Sprintf(`(document.querySelector(%q)||{}).innerText||""`, css))
+	return s
+}
+
+// describe is what the page shows, for a failure message.
+func (p *page) describe() string {
+	s, _ := evalIn[string](p, `location.href + "\n" + document.body.innerText.slice(0, 3000)`)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return "--- page:\n" + s + "\n--- problems: " + strings.Join(p.problems, "; ")
+}
+
+func (p *page) checkNoProblems() {
+	p.t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pr := range p.problems {
+		p.t.Errorf("browser: %s", pr)
+	}
+}
+
+// TestWebUI_InABrowser drives the web UI in headless Chromium against a
+// real coordinator and agent (driver plugins as processes) and simulated
+// IPMI BMCs: log in (a wrong token is refused), see the nodes and filter
+// them, power a node off and on through the confirmation dialog (checked
+// on the BMC and through the API, not just on the page), read the
+// receipts, agents and coordinator group, and open the node's console in
+// xterm.js: the simulator's banner shows in the page and typed keys come
+// back echoed. OBMESH_SCREENSHOT=1 saves docs/images/webui.png.
+func TestWebUI_InABrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test with a browser")
+	}
+	pg := newPage(t, "")
+	stack := StartInProc(t, bin, "")
+	cl := stack.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	var bmcs []*bmcsim.IPMI
+	for i := 1; i <= 2; i++ {
+		b, err := bmcsim.StartIPMI(fmt.Sprintf("rack1-node%d", i), "127.0.0.1:0", "admin", "webui-bmc-password")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Close)
+		bmcs = append(bmcs, b)
+		if _, err := cl.RegisterNode(ctx, api.NodeSpec{Name: b.Name, Driver: "ipmi", Address: b.Addr, Username: b.User, Password: b.Password}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []string{"lab-mock-1", "lab-mock-2"} {
+		if _, err := cl.RegisterNode(ctx, api.NodeSpec{Name: n, Driver: "mock", Address: n + ".lab", Username: "admin", Password: "x"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node, bmc := bmcs[0].Name, bmcs[0]
+	// Read every node's power once, so the table has states to show.
+	for _, n := range []string{bmcs[1].Name, "lab-mock-1", "lab-mock-2"} {
+		if _, err := cl.PowerStatus(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The node starts on, so the page's power off has something to do.
+	if _, err := cl.Power(ctx, node, api.ActionOn); err != nil {
+		t.Fatal(err)
+	}
+	if !bmc.On() {
+		t.Fatal("the simulated BMC is not on after power on")
+	}
+
+	base := "http://" + stack.Addr
+	pg.base = base
+
+	mustRun := func(name string, f func(t *testing.T)) {
+		if !t.Run(name, f) {
+			t.FailNow() // the steps after it depend on it
+		}
+	}
+	mustRun("login", func(t *testing.T) {
+		pg.t = t
+		pg.do("open the page", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#token")))
+		pg.do("type a wrong token", chromedp.SendKeys(chromedp.CSS("#token"), "not-the-token"), chromedp.Click(chromedp.CSS(`#login-form button[type="submit"]`)))
+		pg.waitJS(10*time.Second, "the wrong token refused", `document.querySelector("#login-error").innerText.includes("refused")`)
+		if s, _ := evalIn[string](pg, `sessionStorage.getItem("obmesh.token")||""`); s != "" {
+			t.Errorf("a refused token was kept: %q", s)
+		}
+		pg.do("type the token", clearInput("#token"), chromedp.SendKeys(chromedp.CSS("#token"), stack.Token), chromedp.Click(chromedp.CSS(`#login-form button[type="submit"]`)))
+		pg.waitJS(15*time.Second, "the nodes table", fmt.Sprintf(`!!document.querySelector('tr[data-node=%q]')`, node))
+		// The token is in this tab's sessionStorage only: not in the URL,
+		// a cookie or localStorage.
+		where, err := evalIn[string](pg, `[location.href, document.cookie, JSON.stringify(localStorage), sessionStorage.getItem("obmesh.token")].join("|")`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts := strings.Split(where, "|")
+		if strings.Contains(parts[0]+parts[1]+parts[2], stack.Token) || parts[3] != stack.Token {
+			t.Errorf("token storage: url %q cookie %q localStorage %q, session has it: %v", parts[0], parts[1], parts[2], parts[3] == stack.Token)
+		}
+	})
+
+	mustRun("nodes", func(t *testing.T) {
+		pg.t = t
+		for _, n := range []string{bmcs[0].Name, bmcs[1].Name, "lab-mock-1", "lab-mock-2"} {
+			row := pg.text(fmt.Sprintf(`tr[data-node=%q]`, n))
+			if !strings.Contains(row, n) {
+				t.Errorf("node %s not in the table: %q", n, row)
+			}
+		}
+		if row := pg.text(fmt.Sprintf(`tr[data-node=%q]`, node)); !strings.Contains(row, "ipmi") || !strings.Contains(row, "default") {
+			t.Errorf("row of %s lacks its driver and site: %q", node, row)
+		}
+		pg.do("filter", chromedp.SendKeys(chromedp.CSS("#filter"), "mock"))
+		pg.waitJS(5*time.Second, "the filter to keep the mock nodes only",
+			`document.querySelectorAll("#nodes-body tr[data-node]").length === 2 && !!document.querySelector('tr[data-node="lab-mock-1"]')`)
+		pg.do("clear the filter", clearInput("#filter"))
+		pg.waitJS(5*time.Second, "every node again", `document.querySelectorAll("#nodes-body tr[data-node]").length === 4`)
+	})
+
+	// powerFromPage clicks a power button, checks the confirmation dialog
+	// (cancel first: nothing may happen), confirms, and waits for the
+	// receipt on the page.
+	powerFromPage := func(t *testing.T, action string, want bool) {
+		before := len(bmc.Ops())
+		btn := fmt.Sprintf(`tr[data-node=%q] button[data-action=%q]`, node, action)
+		pg.do("click "+action, chromedp.Click(chromedp.CSS(btn)), chromedp.WaitVisible(chromedp.CSS("#confirm")))
+		if title := pg.text("#confirm-title"); !strings.Contains(title, node) {
+			t.Errorf("confirmation %q does not name %s", title, node)
+		}
+		pg.do("cancel", chromedp.Click(chromedp.CSS(`#confirm button[value="cancel"]`)), chromedp.WaitNotVisible(chromedp.CSS("#confirm")))
+		pg.do("click "+action+" again", chromedp.Click(chromedp.CSS(btn)), chromedp.WaitVisible(chromedp.CSS("#confirm")),
+			chromedp.Click(chromedp.CSS("#confirm-ok")))
+		want1 := fmt.Sprintf("power %s on %s", action, node)
+		pg.waitJS(30*time.Second, "the receipt of "+want1,
+			fmt.Sprintf(`(() => { const d = document.querySelector("#last-receipt-body dl.receipt"); return !!d && d.innerText.includes(%q) && d.dataset.outcome === "ok"; })()`, want1))
+		receipt := pg.text("#last-receipt-body")
+		if !strings.Contains(receipt, "op-") {
+			t.Errorf("the receipt shows no receipt id: %q", receipt)
+		}
+		// On the BMC: the chassis, and exactly one action carried out.
+		WaitFor(t, 15*time.Second, "the BMC to be "+action, func() bool { return bmc.On() == want })
+		ops := bmc.Ops()[before:]
+		if len(ops) != 1 || ops[0].Action != "power "+action {
+			t.Errorf("the BMC carried out %v, want one power %s (the cancelled click must do nothing)", ops, action)
+		}
+		// Through the API: a fresh status read from the BMC.
+		r, err := cl.PowerStatus(ctx, node)
+		if err != nil || r.State != action {
+			t.Errorf("API power status after the page's power %s: %+v %v", action, r, err)
+		}
+		// And the table shows it.
+		pg.do("refresh", chromedp.Click(chromedp.CSS("#nodes-refresh")))
+		pg.waitJS(10*time.Second, "the table to show "+action,
+			fmt.Sprintf(`!!document.querySelector('tr[data-node=%q] td[data-power=%q]')`, node, action))
+	}
+
+	t.Run("power off and on", func(t *testing.T) {
+		pg.t = t
+		powerFromPage(t, "off", false)
+		powerFromPage(t, "on", true)
+		if os.Getenv("OBMESH_SCREENSHOT") == "1" {
+			// The README's picture: the nodes with the receipt of the power on.
+			shotCtx, cancel := context.WithTimeout(pg.ctx, 20*time.Second)
+			defer cancel()
+			png, err := chromedp.Run(shotCtx, chromedp.FullScreenshot(100))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := filepath.Join(repoRoot(t), "docs", "images", "webui.png")
+			if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(out, png, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("wrote %s (%d bytes)", out, len(png))
+		}
+	})
+
+	t.Run("operations agents coordinators", func(t *testing.T) {
+		pg.t = t
+		recs, err := cl.Operations(ctx, api.OperationFilter{Node: node})
+		if err != nil || len(recs) == 0 {
+			t.Fatalf("operations: %v %v", recs, err)
+		}
+		last := recs[len(recs)-1]
+		pg.do("operations", chromedp.Navigate(base+"/ui/#operations"))
+		pg.waitJS(10*time.Second, "the last receipt in the operations list", fmt.Sprintf(`!!document.querySelector('tr[data-receipt=%q]')`, last.ID))
+		if row := pg.text(fmt.Sprintf(`tr[data-receipt=%q]`, last.ID)); !strings.Contains(row, node) || !strings.Contains(row, "ok") {
+			t.Errorf("operations row %q", row)
+		}
+		pg.do("agents", chromedp.Navigate(base+"/ui/#agents"))
+		pg.waitJS(10*time.Second, "the agent, healthy", `(document.querySelector("#agents-body tr[data-agent]")||{innerText:""}).innerText.includes("healthy")`)
+		pg.do("coordinators", chromedp.Navigate(base+"/ui/#cluster"))
+		pg.waitJS(10*time.Second, "the coordinator group", `document.querySelectorAll("#peers-body tr[data-peer]").length === 1 && document.querySelector("#status-card").innerText.includes("1 of 1 healthy")`)
+	})
+
+	t.Run("console", func(t *testing.T) {
+		pg.t = t
+		pg.do("open the console", chromedp.Navigate(base+"/ui/#nodes"))
+		pg.waitJS(10*time.Second, "the nodes table", fmt.Sprintf(`!!document.querySelector('tr[data-node=%q] a[data-action="console"]')`, node))
+		pg.do("click console", chromedp.Click(chromedp.CSS(fmt.Sprintf(`tr[data-node=%q] a[data-action="console"]`, node))))
+		// The simulator's serial console greets with "<name> login: ".
+		pg.waitJS(30*time.Second, "the simulator's banner in xterm.js", fmt.Sprintf(`(document.querySelector("#terminal .xterm-rows")||{innerText:""}).innerText.includes(%q)`, node+" login:"))
+		pg.do("type", chromedp.Focus(chromedp.CSS("#terminal .xterm-helper-textarea")), typeKeys("hello-from-the-browser\r"))
+		pg.waitJS(15*time.Second, "the typed line echoed by the simulator", `(document.querySelector("#terminal .xterm-rows")||{innerText:""}).innerText.includes("hello-from-the-browser")`)
+		if st := pg.text("#console-status"); !strings.Contains(st, "connected") {
+			t.Errorf("console status %q", st)
+		}
+	})
+
+	pg.t = t
+	pg.checkNoProblems()
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		t.Error("the test ran out of time")
+	}
+}
