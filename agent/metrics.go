@@ -85,7 +85,34 @@ func newAgentMetrics(a *Agent) *agentMetrics {
 	if a.relay != nil {
 		m.relay(a)
 	}
+	m.powerSync(a)
 	return m
+}
+
+// powerSync registers the power sync's counters and the assigned nodes'
+// BMC health (zero when the sync is off).
+func (m *agentMetrics) powerSync(a *Agent) {
+	r := m.Registry
+	get := metrics.Cached(time.Second, a.PowerSyncStats)
+	r.CounterSet("obmesh_agent_power_sync_reads_total", "Power state reads the power sync made.", nil,
+		func(emit metrics.Emit) { emit(float64(get().Reads)) })
+	r.CounterSet("obmesh_agent_power_sync_failures_total", "Power sync reads that failed.", nil,
+		func(emit metrics.Emit) { emit(float64(get().Failures)) })
+	r.CounterSet("obmesh_agent_power_sync_operation_contacts_total", "Operations that counted as a contact with their BMC for its health.", nil,
+		func(emit metrics.Emit) { emit(float64(get().OperationContacts)) })
+	healths := []string{"ok", "degraded", "unreachable", "unknown"}
+	r.GaugeSet("obmesh_agent_bmc_health_nodes", "Nodes assigned to this agent's power sync, by BMC health (unknown: not read yet).",
+		[]string{"health"}, func(emit metrics.Emit) {
+			for _, h := range healths {
+				emit(0, h)
+			}
+			for h, n := range get().Nodes {
+				if h == "" {
+					h = "unknown"
+				}
+				emit(float64(n), metrics.OneOf(h, healths...))
+			}
+		})
 }
 
 // relay registers the event relay's counters, summed over nodes and

@@ -177,6 +177,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	jobSvc := jobs.New(jobs.Config{}, st, runner, s.logger)
 	apiHandler.SetJobs(jobSvc, jobs.ErrFinished, jobs.ErrNotRunning)
 	obs = newObserve(st, svc, keys, runner, evs, s.logger)
+	cm.watchObserve(obs.Stats)
 	apiHandler.SetObserved(obs.View)
 	apiHandler.SetConsoleForwarder(cluster.NewForwarder(members)) // a follower tunnels console WebSockets to the leader
 

@@ -9,6 +9,8 @@ import (
 
 	"github.com/obmesh/obmesh/coordinator/agentsvc"
 	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/coordinator/observe"
+	"github.com/obmesh/obmesh/coordinator/state"
 	"github.com/obmesh/obmesh/coordinator/store"
 	"github.com/obmesh/obmesh/internal/metrics"
 )
@@ -34,7 +36,7 @@ var (
 		"event_subscribe", "event_unsubscribe", "event_list", "event_test"}
 	metricOutcomes = []string{api.OutcomeOK, api.OutcomeFailed, api.OutcomeUnknown}
 	metricClasses  = []string{"", "auth", "unreachable", "busy", "unsupported", "invalid_argument", "protocol", "timeout",
-		"plugin", "not_started", "interrupted", "no_agent", "outcome_unknown", "rejected", "no_leader", "internal", "canceled"}
+		"plugin", "privilege", "quota_exceeded", "already_exists", "not_started", "interrupted", "no_agent", "outcome_unknown", "rejected", "no_leader", "internal", "canceled"}
 )
 
 // coordMetrics are one coordinator's metrics. Other packages of the
@@ -161,6 +163,59 @@ func (m *coordMetrics) watch(st *store.Store, agents func() []agentsvc.AgentStat
 			emit(1, m.sites.Value(n.Site))
 		}
 	})
+	jobStates := []string{state.JobRunning, state.JobDone, state.JobStopped, state.JobCanceled, state.JobInterrupted}
+	jobs := metrics.Cached(time.Second, st.State().Jobs)
+	r.GaugeSet("obmesh_jobs", "Bulk jobs in the replicated state (running ones and the most recent finished ones kept), by state.",
+		[]string{"state"}, func(emit metrics.Emit) {
+			for _, s := range jobStates {
+				emit(0, s)
+			}
+			for _, j := range jobs() {
+				emit(1, metrics.OneOf(j.State, jobStates...))
+			}
+		})
+	r.GaugeSet("obmesh_job_nodes", "Node results of the jobs kept, by result (pending, ok, failed, unknown, skipped); running jobs' pending ones are the work left.",
+		[]string{"result"}, func(emit metrics.Emit) {
+			var c state.JobCounts
+			for _, j := range jobs() {
+				c.Pending, c.OK, c.Failed = c.Pending+j.Counts.Pending, c.OK+j.Counts.OK, c.Failed+j.Counts.Failed
+				c.Unknown, c.Skipped = c.Unknown+j.Counts.Unknown, c.Skipped+j.Counts.Skipped
+			}
+			emit(float64(c.Pending), "pending")
+			emit(float64(c.OK), "ok")
+			emit(float64(c.Failed), "failed")
+			emit(float64(c.Unknown), "unknown")
+			emit(float64(c.Skipped), "skipped")
+		})
+}
+
+// watchObserve registers the power sync's metrics: the leader's counters
+// and every registered node's BMC health as the replica records it.
+func (m *coordMetrics) watchObserve(stats func() observe.Stats) {
+	get := metrics.Cached(time.Second, stats)
+	healths := []string{state.HealthOK, state.HealthDegraded, state.HealthUnreachable, "unknown"}
+	m.reg.GaugeSet("obmesh_bmc_health_nodes", "Registered nodes by the BMC health the power sync recorded (ok, degraded, unreachable; unknown: never contacted).",
+		[]string{"health"}, func(emit metrics.Emit) {
+			for _, h := range healths {
+				emit(0, h)
+			}
+			for h, n := range get().Health {
+				if h == "" {
+					h = "unknown"
+				}
+				emit(float64(n), metrics.OneOf(h, healths...))
+			}
+		})
+	counter := func(name, help string, f func(observe.Stats) uint64) {
+		m.reg.CounterSet(name, help, nil, func(emit metrics.Emit) { emit(float64(f(get()))) })
+	}
+	counter("obmesh_power_sync_reports_total", "Power sync reports agents sent this member while it led.", func(s observe.Stats) uint64 { return s.Reports })
+	counter("obmesh_power_sync_observations_total", "Power and health readings those reports carried.", func(s observe.Stats) uint64 { return s.Observations })
+	counter("obmesh_power_sync_writes_total", "Observed-state changes written to the replicated state (only changes are written).",
+		func(s observe.Stats) uint64 { return s.Writes })
+	counter("obmesh_power_sync_stale_total", "Readings ignored as older than the recorded state.", func(s observe.Stats) uint64 { return s.Stale })
+	counter("obmesh_power_sync_dropped_total", "Reports and receipts the leader dropped because its queue was full.", func(s observe.Stats) uint64 { return s.Dropped })
+	counter("obmesh_power_external_changes_total", "Power changes made outside obmesh that the power sync detected.", func(s observe.Stats) uint64 { return s.ExternalChanges })
 }
 
 // ready is /v1/ready: this member is in the group's configuration and

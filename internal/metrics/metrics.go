@@ -30,6 +30,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -262,4 +263,21 @@ func OneOf(v string, known ...string) string {
 		return v
 	}
 	return Other
+}
+
+// Cached returns a function that calls fn at most once per ttl and returns
+// its latest result in between: for scrape-time metrics that read one
+// costly snapshot (a scan of every node) for several series.
+func Cached[T any](ttl time.Duration, fn func() T) func() T {
+	var mu sync.Mutex
+	var at time.Time
+	var v T
+	return func() T {
+		mu.Lock()
+		defer mu.Unlock()
+		if at.IsZero() || time.Since(at) >= ttl {
+			v, at = fn(), time.Now()
+		}
+		return v
+	}
 }

@@ -233,3 +233,19 @@ func TestServer_Routes(t *testing.T) {
 		t.Fatal("Run did not return after its context ended")
 	}
 }
+
+// Cached calls its function once per ttl, not once per call.
+func TestCached(t *testing.T) {
+	calls := 0
+	get := Cached(time.Hour, func() int { calls++; return calls })
+	if get() != 1 || get() != 1 || calls != 1 {
+		t.Fatalf("two calls within the ttl ran fn %d times", calls)
+	}
+	calls = 0
+	now := Cached(0, func() int { calls++; return calls })
+	now()
+	now()
+	if calls != 2 {
+		t.Fatalf("a zero ttl cached: %d calls", calls)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/obmesh/obmesh/agent"
 	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/internal/config"
 	"github.com/obmesh/obmesh/internal/metrics"
 	"github.com/obmesh/obmesh/internal/metrics/metricstest"
 )
@@ -71,7 +72,10 @@ func TestMetrics_CountersMoveAndReadyFlips(t *testing.T) {
 			monAddr[cc.Name] = FreePort(t)
 			cc.Metrics.Listen = monAddr[cc.Name]
 		},
-		Agent: func(id string, ac *agent.Config) { ac.Metrics.Listen = agentMon },
+		Agent: func(id string, ac *agent.Config) {
+			ac.Metrics.Listen = agentMon
+			ac.PowerSync.Interval = config.Duration(time.Second)
+		},
 	}, "a1")
 	leader := g.Leader(30 * time.Second)
 	g.WaitAgents(1)
@@ -160,6 +164,37 @@ func TestMetrics_CountersMoveAndReadyFlips(t *testing.T) {
 			}
 		}
 	}
+	// The power sync reads both nodes: the leader counts them healthy and
+	// its written changes, the agent its reads and its nodes' health.
+	if !waitUntil(30*time.Second, func() bool {
+		fc, fa := scrapeAt(t, lbase), scrapeAt(t, agentBase)
+		return value(fc, "obmesh_bmc_health_nodes", map[string]string{"health": "ok"}) == 2 &&
+			value(fc, "obmesh_power_sync_writes_total", nil) >= 1 && value(fc, "obmesh_power_sync_observations_total", nil) >= 2 &&
+			value(fa, "obmesh_agent_bmc_health_nodes", map[string]string{"health": "ok"}) == 2 &&
+			value(fa, "obmesh_agent_power_sync_reads_total", nil) >= 2
+	}) {
+		fc, fa := scrapeAt(t, lbase), scrapeAt(t, agentBase)
+		t.Errorf("power sync metrics: leader health %v writes %v; agent health %v reads %v",
+			value(fc, "obmesh_bmc_health_nodes", map[string]string{"health": "ok"}), value(fc, "obmesh_power_sync_writes_total", nil),
+			value(fa, "obmesh_agent_bmc_health_nodes", map[string]string{"health": "ok"}), value(fa, "obmesh_agent_power_sync_reads_total", nil))
+	}
+	// A bulk job over both nodes: the leader shows it done with two ok
+	// node results.
+	job, err := c.CreateJob(ctx, api.JobSpec{Selector: api.Selector{Nodes: []string{"m1", "m2"}}, Action: api.JobActionStatus})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !waitUntil(30*time.Second, func() bool {
+		f := scrapeAt(t, lbase)
+		return value(f, "obmesh_jobs", map[string]string{"state": "done"}) == 1 && value(f, "obmesh_job_nodes", map[string]string{"result": "ok"}) == 2 &&
+			value(f, "obmesh_jobs", map[string]string{"state": "running"}) == 0
+	}) {
+		j, _ := c.Job(ctx, job.ID, "")
+		f := scrapeAt(t, lbase)
+		t.Errorf("job %s (%s): obmesh_jobs{done} %v, obmesh_job_nodes{ok} %v", job.ID, j.State,
+			value(f, "obmesh_jobs", map[string]string{"state": "done"}), value(f, "obmesh_job_nodes", map[string]string{"result": "ok"}))
+	}
+
 	// Every member answers for itself (never forwarded to the leader), on
 	// both listeners: one leader, the same term, no token needed.
 	leaders, terms := 0, map[float64]bool{}
