@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -389,5 +391,49 @@ func TestWebUI_InABrowser(t *testing.T) {
 	pg.checkNoProblems()
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		t.Error("the test ran out of time")
+	}
+}
+
+// TestWebUI_DevPrintsTheURL: obmesh dev (make run) prints the web UI's
+// address, and that address serves the page with its security headers;
+// "/" leads there, and the page's data route still needs the token.
+func TestWebUI_DevPrintsTheURL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	addr := FreePort(t)
+	p := Start(t, bin, t.TempDir(), "dev", "dev", "-http-addr", addr)
+	var uiURL string
+	WaitFor(t, 60*time.Second, "obmesh dev to print the web UI's address", func() bool {
+		for _, line := range strings.Split(p.Log(t), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "Web UI:"); ok {
+				uiURL = strings.Fields(v)[0]
+			}
+		}
+		return uiURL != "" || p.Exited()
+	})
+	if uiURL != "http://"+addr+"/ui/" {
+		t.Fatalf("web UI address %q, want http://%s/ui/\n%s", uiURL, addr, p.Log(t))
+	}
+	resp, err := http.Get(uiURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "<title>obmesh</title>") ||
+		resp.Header.Get("X-Frame-Options") != "DENY" || !strings.Contains(resp.Header.Get("Content-Security-Policy"), "script-src 'self'") {
+		t.Errorf("GET %s: %d %v\n%.300s", uiURL, resp.StatusCode, resp.Header, body)
+	}
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	if resp, err := noFollow.Get("http://" + addr + "/"); err != nil || resp.Header.Get("Location") != "/ui/" {
+		t.Errorf("GET /: %v %v, want a redirect to /ui/", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if resp, err := http.Get("http://" + addr + "/v1/nodes"); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET /v1/nodes without a token: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 }

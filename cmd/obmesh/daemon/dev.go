@@ -277,6 +277,7 @@ func printBanner(env cli.Env, addr, token, obmdToken, redfishNote, dir string, t
 	fmt.Fprintf(env.Stdout, `obmesh dev is running: one coordinator, one agent (site "default"), plugins as processes.
 
   API:          %s
+  Web UI:       %s/ui/ (log in with the admin token)
   Admin token:  %s
   Data dir:     %s (%s)
   Nodes:        mock-1, mock-2, mock-3 (mock driver); ipmi-1, ipmi-2 (simulated IPMI BMCs);
@@ -300,5 +301,5 @@ BMC events (the README's quick start has a webhook receiver to try):
   %s events watch        # then, in a third shell: %s power cycle redfish-1
 
 Press Ctrl-C to stop.
-`, addr, token, dir, kept, redfishNote, addr, obmdToken, addr, token, self, self, self, self, self, self)
+`, addr, addr, token, dir, kept, redfishNote, addr, obmdToken, addr, token, self, self, self, self, self, self)
 }
