@@ -791,6 +791,7 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 		err := scrub(a.host.Validate(pn.Driver, n), pn.Password)
 		return result(op.Id, start, time.Since(start), err, nil)
 	}
+	defer a.syncHold(op)() // the power sync yields (powersync_link.go)
 	err := a.host.Do(ctx, pn.Driver, n, func(ctx context.Context, b sdk.BMC) error {
 		if late := lateStart(op, time.Now()); late > 0 {
 			// Its turn at the BMC came too late (a long queue, a stopped

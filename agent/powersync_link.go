@@ -174,3 +174,15 @@ func (a *Agent) reportSync(ctx context.Context, send func(*agentpb.AgentMessage)
 // maxObservationsPerReport keeps a report well under the link's message
 // size limit.
 const maxObservationsPerReport = 2000
+
+// syncHold tells the power sync an operation on the node begins (a read
+// of it in flight is cancelled, none starts meanwhile); the function it
+// returns tells it the operation ended.
+func (a *Agent) syncHold(op *agentpb.Operation) func() {
+	name := op.GetNode().GetName()
+	if a.psync == nil || name == "" {
+		return func() {}
+	}
+	a.psync.OpStart(name)
+	return func() { a.psync.OpEnd(name) }
+}

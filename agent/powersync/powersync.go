@@ -8,7 +8,9 @@
 //   - Every read goes through the Runner it is given (the agent's plugin
 //     host, pluginhost.Host.Do): the same per-BMC queue, pacing and reused
 //     session as operations. The syncer never opens a parallel path to a
-//     BMC.
+//     BMC. An operation on a node comes first: OpStart cancels the node's
+//     read in flight or queued (it is not counted) and none starts until
+//     OpEnd, so a read never holds an operation up in the node's queue.
 //   - Health per node: "ok"; "degraded" when the last read was slower than
 //     SlowAfter, or failed fewer than UnreachableAfter times in a row, or
 //     when at least two of the last five contacts failed (intermittent);
@@ -186,6 +188,11 @@ type node struct {
 	health   string
 	lastOK   time.Time
 	index    int // in the heap; -1 when not queued
+	// ops counts this agent's operations on the node under way (OpStart);
+	// cancel ends the node's read in flight, yielded says it was ended so.
+	ops     int
+	cancel  context.CancelFunc
+	yielded bool
 }
 
 // Syncer keeps assigned nodes' power state and BMC health.
@@ -329,6 +336,33 @@ func (s *Syncer) Contact(name string, power string, latency time.Duration) {
 		n.due = now.Add(s.wait(n))
 		heap.Push(&s.queue, n)
 		s.signal(s.kick)
+	}
+}
+
+// OpStart tells the syncer an operation on the node begins on this agent:
+// a read of the node in flight or waiting for its turn at the BMC is
+// cancelled (not counted), and none starts until OpEnd, so the power sync
+// never holds an operation up in the node's queue.
+func (s *Syncer) OpStart(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, ok := s.nodes[name]
+	if !ok {
+		return
+	}
+	n.ops++
+	if n.cancel != nil {
+		n.yielded = true
+		n.cancel()
+	}
+}
+
+// OpEnd ends what OpStart began.
+func (s *Syncer) OpEnd(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n, ok := s.nodes[name]; ok && n.ops > 0 {
+		n.ops--
 	}
 }
 
@@ -481,6 +515,19 @@ func (s *Syncer) worker(ctx context.Context, jobs <-chan job) {
 // read reads one node's power state and reschedules it.
 func (s *Syncer) read(ctx context.Context, j job) {
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	s.mu.Lock()
+	if j.n.ops > 0 && s.nodes[j.n.t.Node.Name] == j.n && j.n.gen == j.gen {
+		// An operation on the node is under way: it reads the BMC itself.
+		j.n.running = false
+		j.n.due = time.Now().Add(s.wait(j.n))
+		heap.Push(&s.queue, j.n)
+		s.mu.Unlock()
+		s.signal(s.kick)
+		return
+	}
+	j.n.cancel, j.n.yielded = cancel, false
+	s.mu.Unlock()
 	start := time.Now()
 	var power string
 	err := s.run.Do(rctx, j.t.Driver, j.t.Node, func(ctx context.Context, b sdk.BMC) error {
@@ -492,7 +539,6 @@ func (s *Syncer) read(ctx context.Context, j job) {
 		power = string(st.State)
 		return err
 	})
-	cancel()
 	lat := time.Since(start)
 	if ctx.Err() != nil {
 		return // shutting down: not the BMC's failure
@@ -500,16 +546,24 @@ func (s *Syncer) read(ctx context.Context, j job) {
 	if err != nil {
 		err = sdk.RedactError(err, string(j.t.Node.Password))
 	}
-	s.reads.Add(1)
-	if err != nil {
-		s.failures.Add(1)
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := j.n
-	n.running = false
+	n.running, n.cancel = false, nil
 	if s.nodes[n.t.Node.Name] != n || n.gen != j.gen {
 		return // unassigned or replaced meanwhile
+	}
+	if n.yielded {
+		// Cancelled for an operation (OpStart): not the BMC's failure.
+		n.yielded = false
+		n.due = time.Now().Add(s.wait(n))
+		heap.Push(&s.queue, n)
+		s.signal(s.kick)
+		return
+	}
+	s.reads.Add(1)
+	if err != nil {
+		s.failures.Add(1)
 	}
 	if errors.Is(err, sdk.ErrUnsupported) {
 		// The driver cannot read power: nothing to sync, not a BMC fault.

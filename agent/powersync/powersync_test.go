@@ -315,3 +315,42 @@ func TestSyncer_RateLimitPerSite(t *testing.T) {
 		t.Fatalf("only %d reads in %v under a limit of 50/s", c1-c0, el)
 	}
 }
+
+// An operation on a node comes first: a read in flight is cancelled
+// without counting as a failure, and none starts until the operation ends.
+func TestSyncer_OperationsComeFirst(t *testing.T) {
+	f := newFake()
+	f.set(func(f *fakeBMCs) { f.black["a"] = true; f.power["a"] = "on" })
+	s := start(t, Config{Default: Settings{Interval: 20 * time.Millisecond, Rate: 1000}, Timeout: time.Hour}, f)
+	s.Assign(targets("a"))
+	WaitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 5s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	WaitFor("a read in flight", func() bool { return len(f.readTimes("a")) == 1 })
+	s.OpStart("a")
+	WaitFor("the read cancelled", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return !s.nodes["a"].running
+	})
+	if obs := s.Drain(); len(obs) != 0 {
+		t.Fatalf("a cancelled read left observations %+v", obs)
+	}
+	if st := s.Stats(); st.Failures != 0 {
+		t.Fatalf("a cancelled read counted as a failure: %+v", st)
+	}
+	f.set(func(f *fakeBMCs) { f.black["a"] = false })
+	time.Sleep(100 * time.Millisecond) // five intervals
+	if n := len(f.readTimes("a")); n != 1 {
+		t.Fatalf("%d reads while an operation was under way", n-1)
+	}
+	s.OpEnd("a")
+	collect(t, s, 5*time.Second, func(m map[string]Observation) bool { return m["a"].Power == "on" && m["a"].Health == HealthOK })
+}
