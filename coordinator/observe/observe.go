@@ -133,6 +133,9 @@ type Service struct {
 	mem      map[string]*memory
 	explains map[string]explain
 	shares   map[string]uint64 // fingerprint of each agent's share, as last computed
+	// sharedAt is what the shares were computed from: the state's index
+	// and a hash of the agents; reshare skips the work when neither moved.
+	sharedAt [2]uint64
 	version  atomic.Uint64
 
 	reports, observations, writes, stale, dropped, external atomic.Uint64
@@ -190,6 +193,7 @@ func (s *Service) forget() {
 		clear(s.shares)
 		clear(s.explains)
 	}
+	s.sharedAt = [2]uint64{}
 }
 
 func (s *Service) ingestLoop(ctx context.Context) {
@@ -249,11 +253,19 @@ func owner(node string, ids []string) string {
 		h.Write([]byte(id))
 		h.Write([]byte{0})
 		h.Write([]byte(node))
-		if v := h.Sum64(); best == "" || v > bestH || (v == bestH && id < best) {
+		if v := mix(h.Sum64()); best == "" || v > bestH || (v == bestH && id < best) {
 			best, bestH = id, v
 		}
 	}
 	return best
+}
+
+// mix is splitmix64's finalizer: FNV's high bits move little when only
+// the last bytes differ (node names like n1, n2), and the highest hash wins.
+func mix(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
 }
 
 // Owners maps every node that has an agent to sync it to that agent.
@@ -268,8 +280,36 @@ func (s *Service) owners() map[string][]state.Node {
 	return out
 }
 
+// agentsKey hashes what the shares depend on of the agents.
+func agentsKey(agents []agentsvc.AgentStatus) uint64 {
+	h := fnv.New64a()
+	for _, a := range agents {
+		if !a.Healthy {
+			continue
+		}
+		h.Write([]byte(a.ID + "\x00"))
+		for _, x := range a.Sites {
+			h.Write([]byte(x + "\x01"))
+		}
+		for _, x := range a.Drivers {
+			h.Write([]byte(x + "\x02"))
+		}
+	}
+	return h.Sum64()
+}
+
 // reshare recomputes the shares and kicks the agents whose share changed.
+// It does nothing when neither the state nor the agents moved since the
+// last time (the common case: a tick with nothing new).
 func (s *Service) reshare() {
+	at := [2]uint64{s.store.State().Index(), agentsKey(s.agents.Connected())}
+	s.mu.Lock()
+	same := at == s.sharedAt
+	s.sharedAt = at
+	s.mu.Unlock()
+	if same {
+		return
+	}
 	own := s.owners()
 	fps := make(map[string]uint64, len(own))
 	for id, nodes := range own {

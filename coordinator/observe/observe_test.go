@@ -269,3 +269,32 @@ func TestReport_HealthUnreachableAndOperationClears(t *testing.T) {
 		t.Fatalf("a reading for another registration was taken: %+v", o)
 	}
 }
+
+// Shares are sent again only when they change: a tick with nothing new
+// kicks nobody; a new node kicks its agent only.
+func TestReshare_KicksOnlyChangedShares(t *testing.T) {
+	s, fs, fa, _ := fixture(t, 10)
+	kicked := func() []string {
+		fa.mu.Lock()
+		defer fa.mu.Unlock()
+		k := fa.kicked
+		fa.kicked = nil
+		return k
+	}
+	s.reshare()
+	if k := kicked(); len(k) != 2 {
+		t.Fatalf("first reshare kicked %v, want both agents", k)
+	}
+	s.reshare()
+	s.reshare()
+	if k := kicked(); len(k) != 0 {
+		t.Fatalf("a reshare with nothing new kicked %v", k)
+	}
+	fs.Apply(context.Background(), state.RegisterNode{Node: state.Node{Name: "new", Driver: "ipmi", Site: "a", Address: "10.0.0.2"}})
+	s.reshare()
+	k := kicked()
+	want := owner("new", []string{"ag1", "ag2"})
+	if len(k) != 1 || k[0] != want {
+		t.Fatalf("a new node kicked %v, want only its agent %s", k, want)
+	}
+}
