@@ -223,12 +223,14 @@ func TestWebUI_InABrowser(t *testing.T) {
 		}
 		t.Cleanup(b.Close)
 		bmcs = append(bmcs, b)
-		if _, err := cl.RegisterNode(ctx, api.NodeSpec{Name: b.Name, Driver: "ipmi", Address: b.Addr, Username: b.User, Password: b.Password}); err != nil {
+		if _, err := cl.RegisterNode(ctx, api.NodeSpec{Name: b.Name, Driver: "ipmi", Address: b.Addr, Username: b.User, Password: b.Password,
+			Labels: map[string]string{"rack": "r1", "role": "compute"}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, n := range []string{"lab-mock-1", "lab-mock-2"} {
-		if _, err := cl.RegisterNode(ctx, api.NodeSpec{Name: n, Driver: "mock", Address: n + ".lab", Username: "admin", Password: "x"}); err != nil {
+		if _, err := cl.RegisterNode(ctx, api.NodeSpec{Name: n, Driver: "mock", Address: n + ".lab", Username: "admin", Password: "x",
+			Labels: map[string]string{"rack": "r2"}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -248,8 +250,6 @@ func TestWebUI_InABrowser(t *testing.T) {
 	}
 
 	base := "http://" + stack.Addr
-	pg.base = base
-
 	mustRun := func(name string, f func(t *testing.T)) {
 		if !t.Run(name, f) {
 			t.FailNow() // the steps after it depend on it
@@ -288,7 +288,16 @@ func TestWebUI_InABrowser(t *testing.T) {
 		if row := pg.text(fmt.Sprintf(`tr[data-node=%q]`, node)); !strings.Contains(row, "ipmi") || !strings.Contains(row, "default") {
 			t.Errorf("row of %s lacks its driver and site: %q", node, row)
 		}
-		pg.do("filter", chromedp.SendKeys(chromedp.CSS("#filter"), "mock"))
+		// Each node's BMC health, from the power status reads above.
+		for _, n := range []string{bmcs[0].Name, bmcs[1].Name, "lab-mock-1", "lab-mock-2"} {
+			if pg.text(fmt.Sprintf(`tr[data-node=%q] td[data-health="ok"]`, n)) != "ok" {
+				t.Errorf("node %s: BMC health ok not shown: %q", n, pg.text(fmt.Sprintf(`tr[data-node=%q]`, n)))
+			}
+		}
+		if row := pg.text(`tr[data-node="lab-mock-1"]`); !strings.Contains(row, "rack=r2") {
+			t.Errorf("row of lab-mock-1 lacks its label rack=r2: %q", row)
+		}
+		pg.do("filter", chromedp.SendKeys(chromedp.CSS("#filter"), "rack=r2"))
 		pg.waitJS(5*time.Second, "the filter to keep the mock nodes only",
 			`document.querySelectorAll("#nodes-body tr[data-node]").length === 2 && !!document.querySelector('tr[data-node="lab-mock-1"]')`)
 		pg.do("clear the filter", clearInput("#filter"))

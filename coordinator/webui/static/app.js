@@ -50,27 +50,29 @@ function showError(msg) {
 
 // ---- fields other releases may or may not have ----------------------------
 
-// powerOf reads a node's power state: the observed state when the
-// coordinator has one, else the leader's last reading (power.state).
+// powerOf reads a node's power state: the power sync's observation
+// (observed.power) or the leader's last operation reading (power.state),
+// whichever is newer.
 export function powerOf(n) {
-  const p = n.observed_power ?? n.power_state ?? n.power;
-  if (p === undefined || p === null || p === '') return null;
-  if (typeof p === 'string') return { state: p };
-  const state = p.state ?? p.observed ?? p.power_state;
-  if (!state) return null;
-  return { state, at: p.at ?? p.observed_at ?? p.since ?? p.changed_at };
+  const o = n.observed && n.observed.power ? {
+    state: n.observed.power,
+    at: n.observed.last_read || n.observed.power_since,
+    external: n.observed.power_cause === 'external',
+    since: n.observed.power_since,
+  } : null;
+  const p = n.power && n.power.state ? { state: n.power.state, at: n.power.at } : null;
+  if (o && p) return Date.parse(p.at) > Date.parse(o.at) ? p : o;
+  return o || p;
 }
 
-// healthOf reads a node's BMC health: a string ("ok") or an object with
-// a status and the last error.
+// healthOf reads a node's BMC health from the power sync (observed.health:
+// ok, degraded, unreachable) with the last failure.
 export function healthOf(n) {
-  const h = n.bmc_health ?? n.health;
-  if (h === undefined || h === null || h === '') return null;
-  if (typeof h === 'string') return { status: h };
-  const status = h.status ?? h.state ?? h.health;
-  if (!status) return null;
-  const detail = [h.error_class ?? h.last_error_class, h.error ?? h.message ?? h.last_error].filter(Boolean).join(': ');
-  return { status, detail, at: h.last_contact ?? h.at ?? h.checked_at };
+  const o = n.observed;
+  if (!o || !o.health) return null;
+  let detail = [o.error_class, o.error].filter(Boolean).join(': ');
+  if (o.failures) detail += `${detail ? ' ' : ''}(${o.failures} failed contacts)`;
+  return { status: o.health, detail, at: o.last_contact };
 }
 
 export function labelsOf(n) {
@@ -172,14 +174,17 @@ function powerCell(n) {
   const p = powerOf(n);
   if (!p) return el('td', { class: 'muted', dataset: { power: '' } }, dash);
   const kind = p.state === 'on' ? 'good' : p.state === 'off' ? 'off' : 'warn';
-  return el('td', { dataset: { power: p.state } }, pill(p.state, kind, p.at ? `seen ${ago(p.at)}` : undefined));
+  const title = [p.at ? `read ${ago(p.at)}` : '', p.since ? `${p.state} since ${clock(p.since)}` : ''].filter(Boolean).join('; ');
+  return el('td', { dataset: { power: p.state } }, pill(p.state, kind, title || undefined),
+    p.external ? el('div', { class: 'detail' }, 'changed outside obmesh') : null);
 }
 
 function healthCell(n) {
   const h = healthOf(n);
   if (!h) return el('td', { class: 'muted' }, dash);
   const kind = h.status === 'ok' ? 'good' : h.status === 'degraded' ? 'warn' : 'bad';
-  return el('td', {}, pill(h.status, kind, h.detail || undefined), h.detail ? el('div', { class: 'detail' }, h.detail) : null);
+  return el('td', { dataset: { health: h.status } }, pill(h.status, kind, h.at ? `last contact ${ago(h.at)}` : undefined),
+    h.detail ? el('div', { class: 'detail' }, h.detail) : null);
 }
 
 function renderNodes() {
