@@ -86,6 +86,16 @@ func newAgentMetrics(a *Agent) *agentMetrics {
 		m.relay(a)
 	}
 	m.powerSync(a)
+	r.GaugeSet("obmesh_agent_console_sessions", "Shared console sessions open on this agent (one per node at most).", nil, func(emit metrics.Emit) {
+		emit(float64(len(a.consoles.Sessions())))
+	})
+	r.GaugeSet("obmesh_agent_console_viewers", "Viewers attached to this agent's console sessions.", nil, func(emit metrics.Emit) {
+		n := 0
+		for _, s := range a.consoles.Sessions() {
+			n += s.Viewers
+		}
+		emit(float64(n))
+	})
 	return m
 }
 

@@ -88,6 +88,9 @@ func TestAgent_MetricsAndReady(t *testing.T) {
 		{"obmesh_agent_link_sessions_total", nil, 1},
 		{"obmesh_agent_plugins", map[string]string{"health": "ok"}, 1},
 		{"obmesh_agent_plugin_restarts_total", map[string]string{"driver": "mock"}, 0},
+		{"obmesh_agent_console_sessions", nil, 0},
+		{"obmesh_agent_console_viewers", nil, 0},
+		{"obmesh_agent_bmc_health_nodes", map[string]string{"health": "ok"}, 0},
 	}
 	for _, c := range checks {
 		if v, ok := fams.Value(c.name, c.labels); !ok || v != c.want {
