@@ -187,7 +187,9 @@ type node struct {
 	contacts int   // contacts counted in recent (up to 8)
 	health   string
 	lastOK   time.Time
-	index    int // in the heap; -1 when not queued
+	index    int       // in its heap; -1 when not queued
+	q        *nodeHeap // the heap it is in (healthy or quarantine)
+	slot     bool      // it holds a reservation of its site's rate limit
 	// ops counts this agent's operations on the node under way (OpStart);
 	// cancel ends the node's read in flight, yielded says it was ended so.
 	ops     int
@@ -203,7 +205,7 @@ type Syncer struct {
 
 	mu      sync.Mutex
 	nodes   map[string]*node
-	queue   nodeHeap
+	queues  [2]nodeHeap // nodes waiting for their read: healthy, and those whose last contact failed
 	limits  map[string]*limiter
 	pending map[string]Observation
 	kick    chan struct{} // capacity 1: the schedule changed
@@ -244,7 +246,7 @@ func (s *Syncer) Assign(targets []Target) {
 		iv := s.cfg.site(t.Site).Interval
 		n.due = now.Add(time.Duration(rand.Int64N(int64(iv)) + 1))
 		s.nodes[t.Node.Name] = n
-		heap.Push(&s.queue, n)
+		s.push(n)
 	}
 	for name, n := range s.nodes {
 		if !keep[name] {
@@ -273,8 +275,18 @@ func sameTarget(a, b Target) bool {
 
 func (s *Syncer) unqueue(n *node) {
 	if n.index >= 0 {
-		heap.Remove(&s.queue, n.index)
+		heap.Remove(n.q, n.index)
 	}
+}
+
+// push queues n in its pool's heap: healthy, or quarantine when its last
+// contact failed.
+func (s *Syncer) push(n *node) {
+	n.q = &s.queues[0]
+	if n.failures > 0 {
+		n.q = &s.queues[1]
+	}
+	heap.Push(n.q, n)
 }
 
 func (s *Syncer) signal(ch chan struct{}) {
@@ -334,7 +346,7 @@ func (s *Syncer) Contact(name string, power string, latency time.Duration) {
 		// Out of quarantine: back to the normal cadence.
 		s.unqueue(n)
 		n.due = now.Add(s.wait(n))
-		heap.Push(&s.queue, n)
+		s.push(n)
 		s.signal(s.kick)
 	}
 }
@@ -458,46 +470,55 @@ func (s *Syncer) Run(ctx context.Context) error {
 	}
 }
 
-// retryFull is how soon a read is tried again when its pool is busy.
+// retryFull is how soon the scheduler looks again at a pool whose workers
+// were all busy (a finished read wakes it sooner).
 const retryFull = 50 * time.Millisecond
 
-// dispatch hands every due read to its pool (healthy nodes, or those whose
-// last contact failed) when the site's rate limit allows, and returns how
-// long until the next one is due.
+// dispatch hands the due reads of each pool (healthy nodes, and those
+// whose last contact failed) to its workers, in due order, each once its
+// site's rate limit gives it a slot, and returns how long until the next
+// one is due. A pool whose workers are all busy stops there, leaving the
+// other pool's reads unaffected. Work per call is proportional to the
+// reads handed out (and the reservations made), not to the nodes waiting.
 func (s *Syncer) dispatch(now time.Time, healthy, quarantine chan job) time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.queue.Len() > 0 {
-		n := s.queue[0]
-		if n.due.After(now) {
-			return n.due.Sub(now)
-		}
-		heap.Pop(&s.queue)
-		lim := s.limits[n.t.Site]
-		if lim == nil {
-			st := s.cfg.site(n.t.Site)
-			lim = &limiter{rate: st.Rate, burst: float64(st.Burst), tokens: float64(st.Burst), last: now}
-			s.limits[n.t.Site] = lim
-		}
-		if wait := lim.take(now); wait > 0 {
-			n.due = now.Add(wait)
-			heap.Push(&s.queue, n)
-			continue
-		}
-		pool := healthy
-		if n.failures > 0 {
-			pool = quarantine
-		}
-		select {
-		case pool <- job{n: n, gen: n.gen, t: n.t}:
-			n.running = true
-		default:
-			lim.refund()
-			n.due = now.Add(retryFull)
-			heap.Push(&s.queue, n)
+	next := time.Hour
+	for i, pool := range []chan job{healthy, quarantine} {
+		q := &s.queues[i]
+		for q.Len() > 0 {
+			n := (*q)[0]
+			if n.due.After(now) {
+				next = min(next, n.due.Sub(now))
+				break
+			}
+			if !n.slot {
+				lim := s.limits[n.t.Site]
+				if lim == nil {
+					st := s.cfg.site(n.t.Site)
+					lim = &limiter{rate: st.Rate, burst: float64(st.Burst), tokens: float64(st.Burst), last: now}
+					s.limits[n.t.Site] = lim
+				}
+				n.slot = true
+				if at := lim.reserve(now); at.After(now) {
+					heap.Pop(q)
+					n.due = at
+					s.push(n)
+					continue
+				}
+			}
+			select {
+			case pool <- job{n: n, gen: n.gen, t: n.t}:
+				heap.Pop(q)
+				n.running, n.slot = true, false
+				continue
+			default:
+			}
+			next = min(next, retryFull) // all its workers busy
+			break
 		}
 	}
-	return time.Hour
+	return next
 }
 
 // worker reads the BMCs of the jobs it is handed.
@@ -521,7 +542,7 @@ func (s *Syncer) read(ctx context.Context, j job) {
 		// An operation on the node is under way: it reads the BMC itself.
 		j.n.running = false
 		j.n.due = time.Now().Add(s.wait(j.n))
-		heap.Push(&s.queue, j.n)
+		s.push(j.n)
 		s.mu.Unlock()
 		s.signal(s.kick)
 		return
@@ -557,7 +578,7 @@ func (s *Syncer) read(ctx context.Context, j job) {
 		// Cancelled for an operation (OpStart): not the BMC's failure.
 		n.yielded = false
 		n.due = time.Now().Add(s.wait(n))
-		heap.Push(&s.queue, n)
+		s.push(n)
 		s.signal(s.kick)
 		return
 	}
@@ -572,28 +593,31 @@ func (s *Syncer) read(ctx context.Context, j job) {
 	}
 	s.noteLocked(n, start, lat, normPower(power), err, "sync")
 	n.due = time.Now().Add(s.wait(n))
-	heap.Push(&s.queue, n)
+	s.push(n)
 	s.signal(s.kick)
 }
 
-// limiter is a token bucket: rate tokens a second, up to burst.
+// limiter is a token bucket (rate tokens a second, up to burst) that
+// hands out reservations: a read it cannot start now gets the time it may,
+// each later than the one before, so waiting reads never wake together.
 type limiter struct {
 	rate, burst, tokens float64
 	last                time.Time
 }
 
-// take takes a token, or returns how long until one is available.
-func (l *limiter) take(now time.Time) time.Duration {
-	l.tokens = min(l.burst, l.tokens+now.Sub(l.last).Seconds()*l.rate)
-	l.last = now
-	if l.tokens >= 1 {
-		l.tokens--
-		return 0
+// reserve takes a token and returns when it may be used (now, or later
+// when the bucket is in debt).
+func (l *limiter) reserve(now time.Time) time.Time {
+	if now.After(l.last) {
+		l.tokens = min(l.burst, l.tokens+now.Sub(l.last).Seconds()*l.rate)
+		l.last = now
 	}
-	return time.Duration((1 - l.tokens) / l.rate * float64(time.Second))
+	l.tokens--
+	if l.tokens >= 0 {
+		return now
+	}
+	return now.Add(time.Duration(-l.tokens / l.rate * float64(time.Second)))
 }
-
-func (l *limiter) refund() { l.tokens = min(l.burst, l.tokens+1) }
 
 // nodeHeap orders nodes by due time.
 type nodeHeap []*node
