@@ -3,7 +3,9 @@ package systemtest
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,6 +158,21 @@ func TestMetrics_CountersMoveAndReadyFlips(t *testing.T) {
 	}
 	if v := value(afterA, "obmesh_agent_linked", nil); v != 1 {
 		t.Errorf("obmesh_agent_linked = %v", v)
+	}
+	// Nothing secret or per-node in the raw answers (no token needed, so
+	// nothing that a token protects).
+	for _, base := range []string{lbase, agentBase, "http://" + monAddr[leader.Name]} {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, secret := range []string{g.Token, g.OBMDToken, `"m1"`, `"m2"`, "127.0.0.1"} {
+			if strings.Contains(string(raw), secret) {
+				t.Errorf("%s/metrics shows %q", base, secret)
+			}
+		}
 	}
 	for _, f := range []metricstest.Families{afterC, afterA} {
 		for _, name := range f.Names() {
