@@ -233,7 +233,12 @@ func (s *Service) Create(ctx context.Context, in api.JobSpec) (api.Job, error) {
 		s.abandon(r)
 		return api.Job{}, err
 	}
-	if _, err := s.st.Apply(ctx, state.CreateJob{Job: j, StampUnixNano: time.Now().UnixNano()}); err != nil {
+	// The record is written even if the client goes away meanwhile: a
+	// job recorded but never run would be reported interrupted.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	_, err = s.st.Apply(actx, state.CreateJob{Job: j, StampUnixNano: time.Now().UnixNano()})
+	cancel()
+	if err != nil {
 		s.abandon(r)
 		return api.Job{}, err
 	}
@@ -447,6 +452,9 @@ func (s *Service) execute(ctx context.Context, r *run, j state.Job, timeout time
 	}
 	var failures atomic.Int64
 	failures.Store(int64(len(j.Nodes) - countIndices(bySite)))
+	if j.MaxFailures > 0 && failures.Load() >= int64(j.MaxFailures) {
+		r.halt(state.JobStopped, fmt.Sprintf("max_failures (%d) reached: no further operation was started", j.MaxFailures))
+	}
 	var wg sync.WaitGroup
 	for _, site := range sites {
 		idx := bySite[site]
@@ -459,6 +467,10 @@ func (s *Service) execute(ctx context.Context, r *run, j state.Job, timeout time
 					}
 					k := int(next.Add(1)) - 1
 					if k >= len(idx) {
+						return
+					}
+					if ctx.Err() != nil {
+						r.halt(state.JobInterrupted, "this coordinator is stopping")
 						return
 					}
 					if !s.st.IsLeader() || s.st.Epoch() != j.Epoch {

@@ -374,3 +374,60 @@ func TestClean(t *testing.T) {
 		t.Fatalf("clean gave %q (%d bytes)", got, len(got))
 	}
 }
+
+func TestJob_NodeDeletedBeforeItsTurnFailsAndCounts(t *testing.T) {
+	c := newCluster("c1")
+	c.addNodes(t, "a", "s1", 3, nil)
+	op := &operator{c: c, fn: ok}
+	s := start(t, c, "c1", op)
+	// A job recorded over a node that is gone by the time it runs.
+	j := state.Job{ID: "job-00000000000000000000000d", Action: "power_on", Nodes: []string{"a-000", "a-001", "gone"}, Parallelism: 1,
+		MaxFailures: 1, Coordinator: "c1", Epoch: 1}
+	if _, err := (member{c, "c1"}).Apply(context.Background(), state.CreateJob{Job: j}); err != nil {
+		t.Fatal(err)
+	}
+	r := &run{id: j.ID, done: make(chan struct{})}
+	s.execute(context.Background(), r, j, 0)
+	got, _ := c.st.Job(j.ID)
+	if got.State != state.JobStopped || got.Results[2].Outcome != state.JobFailed || got.Results[2].Class != "not_found" ||
+		got.Results[0].Outcome != state.JobSkipped || op.callCount() != 0 {
+		t.Fatalf("job %s %+v, %d operations", got.State, got.Results, op.callCount())
+	}
+}
+
+func TestJob_ShutdownLeavesItToTheNextLeader(t *testing.T) {
+	c := newCluster("c1")
+	c.addNodes(t, "n", "s1", 20, nil)
+	op := &operator{c: c, fn: func(ctx context.Context, r ops.Request, site string) (api.Receipt, error) {
+		<-ctx.Done() // the coordinator stops while the operation is at the agent
+		return api.Receipt{Outcome: api.OutcomeUnknown, ErrorClass: "outcome_unknown", Error: "leader lost"}, &ops.Failure{Class: "outcome_unknown", Message: "leader lost"}
+	}}
+	s1 := New(Config{FlushEvery: 20 * time.Millisecond, SweepEvery: 20 * time.Millisecond}, member{c, "c1"}, op, quiet())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s1.Run(ctx) }()
+	waitFor(t, "the service to run", func() bool { s1.mu.Lock(); defer s1.mu.Unlock(); return s1.ctx != nil })
+	j, err := s1.Create(context.Background(), api.JobSpec{Selector: api.Selector{All: true}, Action: "off", Parallelism: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "two operations in flight", func() bool { return op.callCount() == 2 })
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the service did not stop")
+	}
+	if op.callCount() != 2 {
+		t.Fatalf("%d operations started while stopping", op.callCount())
+	}
+	if info, _ := c.st.JobInfo(j.ID); info.State != state.JobRunning || info.Counts.Failed != 0 {
+		t.Fatalf("a stopping coordinator finished the job itself: %+v", info)
+	}
+	c.elect("c2")
+	s2 := start(t, c, "c2", op)
+	got := finished(t, s2, j.ID)
+	if got.State != api.JobInterrupted || got.Unknown != 2 || got.Skipped != 18 || got.Failed != 0 {
+		t.Fatalf("after the restart: %s, %d unknown, %d skipped, %d failed", got.State, got.Unknown, got.Skipped, got.Failed)
+	}
+}
