@@ -364,6 +364,22 @@ func TestWebUI_InABrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("boot device", func(t *testing.T) {
+		pg.t = t
+		btn := fmt.Sprintf(`tr[data-node=%q] button[data-action="boot"]`, node)
+		pg.do("click boot", chromedp.Click(chromedp.CSS(btn)), chromedp.WaitVisible(chromedp.CSS("#boot-fields")),
+			chromedp.SetValue(chromedp.CSS("#boot-device"), "pxe"), chromedp.Click(chromedp.CSS("#boot-persistent")),
+			chromedp.Click(chromedp.CSS("#confirm-ok")))
+		want := "boot pxe on " + node
+		pg.waitJS(30*time.Second, "the receipt of "+want,
+			fmt.Sprintf(`(() => { const d = document.querySelector("#last-receipt-body dl.receipt"); return !!d && d.innerText.includes(%q) && d.dataset.outcome === "ok"; })()`, want))
+		// On the BMC, read back through the API.
+		r, err := cl.BootDevice(ctx, node)
+		if err != nil || r.Boot == nil || r.Boot.Device != "pxe" || !r.Boot.Persistent {
+			t.Errorf("boot device after the page set pxe, persistent: %+v %v", r.Boot, err)
+		}
+	})
+
 	t.Run("operations agents coordinators", func(t *testing.T) {
 		pg.t = t
 		recs, err := cl.Operations(ctx, api.OperationFilter{Node: node})
