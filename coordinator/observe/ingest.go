@@ -50,11 +50,12 @@ func base(st *state.State, n state.Node) state.Observed {
 	return o
 }
 
-// memFor returns the memory of node n (the caller holds s.mu).
-func (s *Service) memFor(n state.Node) *memory {
+// memFor returns the memory of node n, registration key (the caller
+// holds s.mu).
+func (s *Service) memFor(n state.Node, key string) *memory {
 	m := s.mem[n.Name]
-	if m == nil || m.key != n.Key() {
-		m = &memory{key: n.Key()}
+	if m == nil || m.key != key {
+		m = &memory{key: key}
 		s.mem[n.Name] = m
 	}
 	return m
@@ -73,12 +74,16 @@ func (s *Service) takeReport(ctx context.Context, agent string, r *agentpb.Power
 	for _, o := range r.GetObservations() {
 		s.observations.Add(1)
 		n, ok := st.Node(o.Node)
-		if !ok || n.Key() != o.Key || !validHealth(o.Health) || o.ReadUnixNano <= 0 {
+		if !ok || !validHealth(o.Health) || o.ReadUnixNano <= 0 {
+			continue
+		}
+		key := n.Key()
+		if key != o.Key {
 			continue
 		}
 		read := time.Unix(0, o.ReadUnixNano)
 		s.mu.Lock()
-		m := s.memFor(n)
+		m := s.memFor(n, key)
 		if read.Before(m.lastRead) {
 			s.mu.Unlock()
 			s.stale.Add(1)
@@ -156,16 +161,7 @@ func (s *Service) takeReport(ctx context.Context, agent string, r *agentpb.Power
 
 // externalEventID names a power change event: the node and the reading.
 func externalEventID(node string, at time.Time) string {
-	return "power-" + hex16(fnvString(node)) + "-" + hex16(uint64(at.UnixNano()))
-}
-
-func fnvString(s string) uint64 {
-	var h uint64 = 14695981039346656037
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
-	}
-	return h
+	return "power-" + hex16(fnvAdd(fnvOffset, node)) + "-" + hex16(uint64(at.UnixNano()))
 }
 
 func hex16(v uint64) string {
@@ -234,7 +230,7 @@ func (s *Service) takeOperation(ctx context.Context, rec api.Receipt) {
 		return
 	}
 	s.mu.Lock()
-	m := s.memFor(n)
+	m := s.memFor(n, n.Key())
 	if end.After(m.lastContact) {
 		m.lastContact = end
 	}

@@ -32,9 +32,11 @@ package observe
 
 import (
 	"context"
+	"encoding/binary"
 	"hash/fnv"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -249,15 +251,22 @@ func candidates(agents []agentsvc.AgentStatus, site, driver string) []string {
 func owner(node string, ids []string) string {
 	best, bestH := "", uint64(0)
 	for _, id := range ids {
-		h := fnv.New64a()
-		h.Write([]byte(id))
-		h.Write([]byte{0})
-		h.Write([]byte(node))
-		if v := mix(h.Sum64()); best == "" || v > bestH || (v == bestH && id < best) {
+		if v := mix(fnvAdd(fnvAdd(fnvAdd(fnvOffset, id), "\x00"), node)); best == "" || v > bestH || (v == bestH && id < best) {
 			best, bestH = id, v
 		}
 	}
 	return best
+}
+
+// fnvOffset and fnvAdd are FNV-1a over strings, without allocating.
+const fnvOffset uint64 = 14695981039346656037
+
+func fnvAdd(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
 }
 
 // mix is splitmix64's finalizer: FNV's high bits move little when only
@@ -268,14 +277,25 @@ func mix(z uint64) uint64 {
 	return z ^ (z >> 31)
 }
 
-// Owners maps every node that has an agent to sync it to that agent.
-func (s *Service) owners() map[string][]state.Node {
+// owners maps every node that has an agent to sync it to that agent, its
+// nodes sorted by name.
+func (s *Service) owners() map[string][]state.NodeRef {
 	agents := s.agents.Connected()
-	out := map[string][]state.Node{}
-	for _, n := range s.store.State().Nodes() {
-		if id := owner(n.Name, candidates(agents, n.Site, n.Driver)); id != "" {
+	cands := map[[2]string][]string{}
+	out := map[string][]state.NodeRef{}
+	for _, n := range s.store.State().NodeRefs() {
+		k := [2]string{n.Site, n.Driver}
+		c, ok := cands[k]
+		if !ok {
+			c = candidates(agents, n.Site, n.Driver)
+			cands[k] = c
+		}
+		if id := owner(n.Name, c); id != "" {
 			out[id] = append(out[id], n)
 		}
+	}
+	for _, ns := range out {
+		slices.SortFunc(ns, func(a, b state.NodeRef) int { return strings.Compare(a.Name, b.Name) })
 	}
 	return out
 }
@@ -314,12 +334,11 @@ func (s *Service) reshare() {
 	fps := make(map[string]uint64, len(own))
 	for id, nodes := range own {
 		h := fnv.New64a()
+		var b [16]byte
 		for _, n := range nodes {
-			h.Write([]byte(n.Key()))
-			var b [8]byte
-			for i := range 8 {
-				b[i] = byte(n.ModifyIndex >> (8 * i))
-			}
+			h.Write([]byte(n.Name))
+			binary.LittleEndian.PutUint64(b[:8], n.CreateIndex)
+			binary.LittleEndian.PutUint64(b[8:], n.ModifyIndex)
 			h.Write(b[:])
 		}
 		fps[id] = h.Sum64()
@@ -351,7 +370,11 @@ func (s *Service) Assignment(agentID string, _ []string) (*agentpb.PowerSyncAssi
 	}
 	st := s.store.State()
 	a := &agentpb.PowerSyncAssignment{Version: s.version.Add(1)}
-	for _, n := range s.owners()[agentID] {
+	for _, ref := range s.owners()[agentID] {
+		n, ok := st.Node(ref.Name)
+		if !ok {
+			continue
+		}
 		var password string
 		if !n.Credential.IsZero() {
 			p, err := s.keys.Open(n.Credential, n.Name)

@@ -298,3 +298,7 @@ func TestReshare_KicksOnlyChangedShares(t *testing.T) {
 		t.Fatalf("a new node kicked %v, want only its agent %s", k, want)
 	}
 }
+
+func agentStatus(id string) agentsvc.AgentStatus {
+	return agentsvc.AgentStatus{ID: id, Healthy: true, Sites: []string{"a"}, Drivers: []string{"ipmi"}}
+}

@@ -207,3 +207,22 @@ func (s *State) restoreObserved(snap observedSnapshot) error {
 	}
 	return nil
 }
+
+// NodeRef is what the power sync needs to share nodes out: a light copy
+// of a node (no credential, no options).
+type NodeRef struct {
+	Name, Site, Driver       string
+	CreateIndex, ModifyIndex uint64
+}
+
+// NodeRefs returns light copies of all nodes, in no particular order
+// (cheaper than Nodes for a fleet-wide pass).
+func (s *State) NodeRefs() []NodeRef {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]NodeRef, 0, len(s.nodes))
+	for _, n := range s.nodes {
+		out = append(out, NodeRef{Name: n.Name, Site: n.Site, Driver: n.Driver, CreateIndex: n.CreateIndex, ModifyIndex: n.ModifyIndex})
+	}
+	return out
+}
