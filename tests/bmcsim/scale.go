@@ -59,6 +59,15 @@ func StartIPMIFleetShared(n int, prefix, user, password string) (*Fleet, error) 
 	return f, nil
 }
 
+// Dropped is how many packets a shared fleet dropped: addressed to no BMC
+// of it, or to a BMC with a full queue (0 for a fleet of sockets).
+func (f *Fleet) Dropped() uint64 {
+	if f.shared == nil {
+		return 0
+	}
+	return f.shared.dropped.Load()
+}
+
 // nextHost is the loopback address after a, skipping host bytes 0 and 255.
 func nextHost(a netip.Addr) netip.Addr {
 	for {

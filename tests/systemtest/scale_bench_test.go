@@ -3,19 +3,30 @@ package systemtest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	ipmiclient "github.com/bougou/go-ipmi/pkg/client"
+	ipmitypes "github.com/bougou/go-ipmi/pkg/types"
+
 	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/coordinator/state"
+	"github.com/obmesh/obmesh/plugins/ipmi/ipmitest"
 	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
@@ -85,6 +96,37 @@ func rssKB(pid int) int {
 	return 0
 }
 
+// cpuTime is the CPU this process and its plugin processes have used
+// (the plugins' in clock ticks, 10 ms).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano()+ru.Stime.Nano()) + pluginCPU()
+}
+
+// pluginCPU is the CPU the plugin processes of this process have used, in
+// clock ticks (10 ms).
+func pluginCPU() time.Duration {
+	var t time.Duration
+	for _, pid := range Children(os.Getpid()) {
+		if !strings.Contains(Cmdline(pid), " plugin ") {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) > 12 {
+			u, _ := strconv.Atoi(f[11])
+			k, _ := strconv.Atoi(f[12])
+			t += time.Duration(u+k) * 10 * time.Millisecond
+		}
+	}
+	return t
+}
+
 // BenchmarkScale10k is issue 10's fleet on one machine: 10,000 simulated
 // IPMI BMCs (one shared-socket fleet in this process), a coordinator and
 // an agent (in this process, the ipmi plugin a process of its own). It
@@ -116,6 +158,16 @@ func BenchmarkScale10k(b *testing.B) {
 	ctx := context.Background()
 
 	base := liveHeap()
+	if path := os.Getenv("OBMESH_BENCH_REGISTER_PROFILE"); path != "" {
+		// The registrations, profiled (coordinator and agent are in this
+		// process).
+		pf, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pprof.StartCPUProfile(pf)
+		defer pf.Close()
+	}
 	t0 := time.Now()
 	if _, err := inParallel(n, 32, func(i int) error {
 		bmc := fleet.IPMI[i]
@@ -125,6 +177,9 @@ func BenchmarkScale10k(b *testing.B) {
 		b.Fatal(err)
 	}
 	register := time.Since(t0)
+	if os.Getenv("OBMESH_BENCH_REGISTER_PROFILE") != "" {
+		pprof.StopCPUProfile()
+	}
 	perNode := float64(liveHeap()-base) / float64(n)
 
 	var snap bytes.Buffer
@@ -151,18 +206,34 @@ func BenchmarkScale10k(b *testing.B) {
 		_, err := c.PowerStatus(ctx, fleet.IPMI[i].Name)
 		return err
 	}
+	// A sweep counts the nodes that failed (on a loaded machine a session
+	// may time out); more than 1% of them fails the benchmark.
+	var failed atomic.Int64
+	var logged atomic.Int64
+	counted := func(i int) error {
+		if err := status(i); err != nil {
+			if logged.Add(1) <= 5 {
+				b.Logf("%s: %v", fleet.IPMI[i].Name, err)
+			}
+			if failed.Add(1) > int64(n/100) {
+				return err
+			}
+		}
+		return nil
+	}
 	t0 = time.Now()
-	if _, err := inParallel(n, 64, status); err != nil {
+	if _, err := inParallel(n, 64, counted); err != nil {
 		b.Fatal(err)
 	}
 	first := time.Since(t0)
+	firstFailed := failed.Swap(0)
 
 	var all []time.Duration
 	sweeps := 0
 	b.ResetTimer()
 	start := time.Now()
 	for b.Loop() {
-		d, err := inParallel(n, 64, status)
+		d, err := inParallel(n, 64, counted)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -185,6 +256,9 @@ func BenchmarkScale10k(b *testing.B) {
 	b.ReportMetric(float64(restore.Milliseconds()), "snapshot-restore-ms")
 	b.ReportMetric(float64(raftSnap.Milliseconds()), "raft-snapshot-ms")
 	b.ReportMetric(first.Seconds(), "first-sweep-s")
+	b.ReportMetric(float64(firstFailed), "first-sweep-failed")
+	b.ReportMetric(float64(failed.Load())/float64(sweeps), "failed/sweep")
+	b.ReportMetric(float64(fleet.Dropped()), "bmc-dropped-pkts")
 	b.ReportMetric(el.Seconds()/float64(sweeps), "sweep-s")
 	b.ReportMetric(float64(pct(all, 50).Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(pct(all, 99).Microseconds())/1000, "p99-ms")
@@ -195,3 +269,254 @@ func BenchmarkScale10k(b *testing.B) {
 		os.WriteFile(filepath.Join(dir, "scale-snapshot.json"), snap.Bytes(), 0o600)
 	}
 }
+
+// sideBySideFleet is a fleet of IPMI BMCs both sides of the comparison
+// reach: addresses, and a way to stop it.
+type sideBySideFleet struct {
+	addrs []string // host:port
+	user  string
+	pass  string
+}
+
+// directIPMI is go-ipmi's client called directly, one open session per
+// BMC (as obmesh keeps them), one call at a time per BMC.
+type directIPMI struct {
+	mu  []sync.Mutex
+	cli []*ipmiclient.Client
+}
+
+func newDirectIPMI(b *testing.B, f sideBySideFleet) *directIPMI {
+	d := &directIPMI{mu: make([]sync.Mutex, len(f.addrs))}
+	for _, a := range f.addrs {
+		host, port, _ := net.SplitHostPort(a)
+		p, _ := strconv.Atoi(port)
+		cli, err := ipmiclient.NewClient(host, p, f.user, f.pass)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cli.WithInterface(ipmiclient.InterfaceLanplus).WithCipherSuiteID(ipmitypes.CipherSuiteID3).WithTimeout(5 * time.Second).WithRetry(1)
+		if err := cli.Connect(context.Background()); err != nil {
+			b.Fatalf("go-ipmi connect %s: %v", a, err)
+		}
+		b.Cleanup(func() { cli.Close(context.Background()) })
+		d.cli = append(d.cli, cli)
+	}
+	return d
+}
+
+func (d *directIPMI) status(i int) error {
+	d.mu[i].Lock()
+	defer d.mu[i].Unlock()
+	_, err := d.cli[i].GetChassisStatus(context.Background())
+	return err
+}
+
+// obmdAPI is obmesh's obmd-compatible API: each BMC a node with its token.
+type obmdAPI struct {
+	base, admin string
+	hc          *http.Client
+	names       []string
+	tokens      []string
+}
+
+func newOBMDAPI(b *testing.B, p *InProc, f sideBySideFleet, prefix string) *obmdAPI {
+	o := &obmdAPI{base: "http://" + p.Addr, admin: p.OBMDToken,
+		hc: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+	for i, a := range f.addrs {
+		host, port, _ := net.SplitHostPort(a)
+		name := fmt.Sprintf("%s-%d", prefix, i+1)
+		body := fmt.Sprintf(`{"type":"ipmi","info":{"addr":%q,"port":%s,"user":%q,"pass":%q,"cipher_suite":3}}`, host, port, f.user, f.pass)
+		if _, err := o.do("PUT", "/node/"+name, body, true); err != nil {
+			b.Fatal(err)
+		}
+		tok, err := o.do("POST", "/node/"+name+"/token", "", true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var t struct{ Token string }
+		if err := json.Unmarshal([]byte(tok), &t); err != nil || t.Token == "" {
+			b.Fatalf("token of %s: %q %v", name, tok, err)
+		}
+		o.names, o.tokens = append(o.names, name), append(o.tokens, t.Token)
+	}
+	return o
+}
+
+func (o *obmdAPI) do(method, path, body string, admin bool) (string, error) {
+	req, err := http.NewRequest(method, o.base+path, strings.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	if admin {
+		req.SetBasicAuth("admin", o.admin)
+	}
+	r, err := o.hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer r.Body.Close()
+	out, _ := io.ReadAll(r.Body)
+	if r.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s %s: %d %s", method, path, r.StatusCode, out)
+	}
+	return string(out), nil
+}
+
+func (o *obmdAPI) status(i int) error {
+	_, err := o.do("GET", "/node/"+o.names[i]+"/power_status?token="+o.tokens[i], "", false)
+	return err
+}
+
+func (o *obmdAPI) power(i int, action string) error {
+	_, err := o.do("POST", "/node/"+o.names[i]+"/"+action+"?token="+o.tokens[i], "", false)
+	return err
+}
+
+// throughput runs fn over every BMC, round after round, k calls in flight,
+// for d, and returns calls per second and the per-call durations.
+func throughput(b *testing.B, n, k int, d time.Duration, fn func(i int) error) (float64, []time.Duration) {
+	var all []time.Duration
+	calls := 0
+	start := time.Now()
+	for time.Since(start) < d {
+		durs, err := inParallel(n, k, fn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		all = append(all, durs...)
+		calls += n
+	}
+	return float64(calls) / time.Since(start).Seconds(), all
+}
+
+// BenchmarkStatusSideBySide is issue 10's comparison, on one fleet of 20
+// IPMI BMCs with 8 calls in flight: power-status reads through obmesh's
+// obmd API (HTTP → coordinator → agent → ipmi plugin → BMC, sessions
+// kept) against go-ipmi's client called directly (sessions kept). The
+// fleets: "bmcsim", 20 go-ipmi simulated BMCs in this process (the BMC
+// costs next to nothing, so obmesh's own cost shows), and "ipmi_sim", 20
+// OpenIPMI ipmi_sim processes (when installed). Rounds of each side
+// alternate (rounds-x, default 6, of -round, default 1s) so both see the
+// same machine; it reports each side's status/s, their ratio
+// (obmesh/direct), p50 and p99 per call, and power actions (power_on)
+// through the obmd API, which record their receipts.
+func BenchmarkStatusSideBySide(b *testing.B) {
+	const bmcs, inflight = 20, 8
+	b.Run("bmcsim", func(b *testing.B) {
+		fl, err := bmcsim.StartIPMIFleet(bmcs, "sbs", "admin", "pw")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer fl.Close()
+		f := sideBySideFleet{user: "admin", pass: "pw"}
+		for _, x := range fl.IPMI {
+			f.addrs = append(f.addrs, x.Addr)
+		}
+		sideBySide(b, f, bmcs, inflight)
+	})
+	b.Run("ipmi_sim", func(b *testing.B) {
+		if !ipmitest.Available() {
+			b.Skip("ipmi_sim is not installed")
+		}
+		f := sideBySideFleet{user: ipmitest.User, pass: ipmitest.Password}
+		for range bmcs {
+			f.addrs = append(f.addrs, ipmitest.Start(b).Addr())
+		}
+		sideBySide(b, f, bmcs, inflight)
+	})
+}
+
+func sideBySide(b *testing.B, f sideBySideFleet, n, k int) {
+	p := StartInProc(b, bin, "")
+	o := newOBMDAPI(b, p, f, "sbs")
+	d := newDirectIPMI(b, f)
+	round := time.Second
+	if v, err := time.ParseDuration(os.Getenv("OBMESH_BENCH_ROUND")); err == nil && v > 0 {
+		round = v
+	}
+	rounds := 6
+	if v, err := strconv.Atoi(os.Getenv("OBMESH_BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	// Warm up both: sessions open, connections pooled.
+	throughput(b, n, k, 200*time.Millisecond, o.status)
+	throughput(b, n, k, 200*time.Millisecond, d.status)
+	var oRate, dRate float64
+	var oDur, dDur []time.Duration
+	var oCPU, dCPU, oPlugin time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		for range rounds {
+			c0, p0 := cpuTime(), pluginCPU()
+			r, l := throughput(b, n, k, round, o.status)
+			oRate, oDur = oRate+r, append(oDur, l...)
+			c1 := cpuTime()
+			oPlugin += pluginCPU() - p0
+			r, l = throughput(b, n, k, round, d.status)
+			dRate, dDur = dRate+r, append(dDur, l...)
+			oCPU, dCPU = oCPU+c1-c0, dCPU+cpuTime()-c1
+		}
+	}
+	b.StopTimer()
+	if path := os.Getenv("OBMESH_BENCH_CPUPROFILE"); path != "" {
+		// One more round of obmesh alone, profiled (this process: HTTP,
+		// coordinator, agent; the plugin is a process of its own).
+		pf, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pprof.StartCPUProfile(pf)
+		throughput(b, n, k, 3*round, o.status)
+		pprof.StopCPUProfile()
+		pf.Close()
+	}
+	// Power actions through the obmd API (each records its receipt),
+	// alternating on and off so every one changes the chassis.
+	actions := []string{"power_on", "power_off"}
+	var pDur []time.Duration
+	for j := range 4 {
+		l, err := inParallel(n, k, func(i int) error { return o.power(i, actions[j%2]) })
+		if err != nil {
+			b.Fatal(err)
+		}
+		pDur = append(pDur, l...)
+	}
+	var one []time.Duration
+	for j := range 20 {
+		t0 := time.Now()
+		if err := o.power(j%n, actions[(j/n)%2]); err != nil {
+			b.Fatal(err)
+		}
+		one = append(one, time.Since(t0))
+	}
+	var stat1, commit []time.Duration
+	for j := range 20 {
+		t0 := time.Now()
+		if err := o.status(j % n); err != nil {
+			b.Fatal(err)
+		}
+		stat1 = append(stat1, time.Since(t0))
+		// One Raft commit that changes nothing (the site exists).
+		t0 = time.Now()
+		if _, err := p.Coord.Store().Apply(context.Background(), state.PutSite{Name: "default"}); err != nil {
+			b.Fatal(err)
+		}
+		commit = append(commit, time.Since(t0))
+	}
+	b.ReportMetric(ms(pct(stat1, 50)), "status1-p50-ms")
+	b.ReportMetric(ms(pct(commit, 50)), "commit-p50-ms")
+	b.ReportMetric(oRate/dRate, "ratio")
+	b.ReportMetric(float64(oCPU.Microseconds())/float64(len(oDur)), "obmesh-cpu-us/call")
+	b.ReportMetric(float64(oPlugin.Microseconds())/float64(len(oDur)), "plugin-cpu-us/call")
+	b.ReportMetric(float64(dCPU.Microseconds())/float64(len(dDur)), "direct-cpu-us/call")
+	b.ReportMetric(oRate/float64(b.N*rounds), "obmesh-status/s")
+	b.ReportMetric(dRate/float64(b.N*rounds), "direct-status/s")
+	b.ReportMetric(ms(pct(oDur, 50)), "obmesh-p50-ms")
+	b.ReportMetric(ms(pct(oDur, 99)), "obmesh-p99-ms")
+	b.ReportMetric(ms(pct(dDur, 50)), "direct-p50-ms")
+	b.ReportMetric(ms(pct(dDur, 99)), "direct-p99-ms")
+	b.ReportMetric(ms(pct(pDur, 50)), "power8-p50-ms")
+	b.ReportMetric(ms(pct(one, 50)), "power1-p50-ms")
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
