@@ -89,20 +89,6 @@ func (a *Agent) console(openCtx, linkCtx context.Context, cc *grpc.ClientConn, o
 	}
 	a.logger.Info("console viewer attached", "op", op.Id, "node", pn.Name, "action", op.Action)
 	defer a.logger.Info("console viewer detached", "op", op.Id, "node", pn.Name)
-	if op.Action == "console_log" {
-		for len(tail) > 0 || v == nil {
-			k := min(len(tail), consoleChunk)
-			f := &agentpb.ConsoleFrame{Data: tail[:k], LogTail: true}
-			tail = tail[k:]
-			if v == nil && len(tail) == 0 {
-				f.Eof = true
-			}
-			if stream.Send(f) != nil || f.Eof {
-				return nil
-			}
-		}
-	}
-
 	// The receive loop types input (when this viewer holds the keyboard)
 	// and ends the viewer when the coordinator closes the stream.
 	done := make(chan struct{})
@@ -114,7 +100,7 @@ func (a *Agent) console(openCtx, linkCtx context.Context, cc *grpc.ClientConn, o
 			if err != nil {
 				return
 			}
-			if len(f.Data) > 0 && !r.ReadOnly {
+			if len(f.Data) > 0 && !r.ReadOnly && v != nil {
 				if _, err := v.Write(f.Data); err != nil && !errors.Is(err, consoles.ErrReadOnly) {
 					return
 				}
@@ -123,6 +109,31 @@ func (a *Agent) console(openCtx, linkCtx context.Context, cc *grpc.ClientConn, o
 	}()
 	defer func() { <-done }()
 	defer cancel()
+	// last sends the stream's last frame and lets the coordinator end the
+	// stream (canceling it at once could lose the frames before it).
+	last := func(f *agentpb.ConsoleFrame) *agentpb.AgentMessage {
+		if stream.Send(f) == nil && stream.CloseSend() == nil {
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		return nil
+	}
+	if op.Action == "console_log" {
+		for len(tail) > 0 || v == nil {
+			k := min(len(tail), consoleChunk)
+			f := &agentpb.ConsoleFrame{Data: tail[:k], LogTail: true}
+			tail = tail[k:]
+			if v == nil && len(tail) == 0 {
+				f.Eof = true
+				return last(f)
+			}
+			if stream.Send(f) != nil {
+				return nil
+			}
+		}
+	}
 	for {
 		c, err := v.Next(cctx, consoleChunk)
 		if err != nil {
@@ -133,8 +144,7 @@ func (a *Agent) console(openCtx, linkCtx context.Context, cc *grpc.ClientConn, o
 			if !errors.Is(err, io.EOF) {
 				f.Error = scrub(err, pn.Password).Error()
 			}
-			stream.Send(f)
-			return nil
+			return last(f)
 		}
 		f := &agentpb.ConsoleFrame{Data: c.Data, Offset: c.Offset, Gap: c.Gap, GapUnknown: c.GapUnknown, Role: c.Role, Writer: c.Writer}
 		if err := stream.Send(f); err != nil {

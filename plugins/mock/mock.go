@@ -38,6 +38,9 @@ func (d *Driver) Info() sdk.Info { return sdk.Info{Name: "mock", Version: "1.0.0
 // JSON decoding matched it) sets the first console line of a new
 // registration. The option "delay" (a Go duration, at most 1m) makes every
 // power and boot call take that long, for tests of operations in flight.
+// The option "console_burst" (1..100000, default 1: obmd's one line per
+// read) lets one console read take up to that many lines, for fast
+// streams in tests and benchmarks.
 // The option "fail" (an error class: auth, unreachable, busy, protocol or
 // privilege) makes every power and boot call fail with that class after
 // the delay, changing nothing: an injected BMC failure for tests.
@@ -47,8 +50,23 @@ func (d *Driver) Open(ctx context.Context, n sdk.Node) (sdk.BMC, error) {
 	}
 	var start uint64
 	var delay time.Duration
+	burst, rate := 1, 0
 	var fail sdk.Class
 	for k, v := range n.Options {
+		if strings.EqualFold(k, "console_rate") {
+			x, err := strconv.Atoi(v)
+			if err != nil || x < 0 || x > 1<<30 {
+				return nil, sdk.Errorf(sdk.ClassInvalid, "mock: option console_rate must be bytes per second (0..1073741824), got %q", v)
+			}
+			rate = x
+		}
+		if strings.EqualFold(k, "console_burst") {
+			x, err := strconv.Atoi(v)
+			if err != nil || x < 1 || x > 100000 {
+				return nil, sdk.Errorf(sdk.ClassInvalid, "mock: option console_burst must be 1..100000, got %q", v)
+			}
+			burst = x
+		}
 		if strings.EqualFold(k, "fail") {
 			switch c := sdk.Class(v); c {
 			case sdk.ClassAuth, sdk.ClassUnreachable, sdk.ClassBusy, sdk.ClassProtocol, sdk.ClassPrivilege:
@@ -83,7 +101,7 @@ func (d *Driver) Open(ctx context.Context, n sdk.Node) (sdk.BMC, error) {
 		st = &node{power: sdk.StateOff, counter: start}
 		d.nodes[key] = st
 	}
-	return &bmc{n: st, delay: delay, fail: fail}, nil
+	return &bmc{n: st, delay: delay, fail: fail, burst: burst, rate: rate}, nil
 }
 
 // LastAction returns the last recorded action for a node key, in obmd's
@@ -115,6 +133,8 @@ type bmc struct {
 	n     *node
 	delay time.Duration
 	fail  sdk.Class // option fail: every power and boot call fails with it
+	burst int       // option console_burst
+	rate  int       // option console_rate (bytes per second; 0: as fast as read)
 }
 
 // wait sleeps for the configured delay, bounded by ctx, then fails with
@@ -215,7 +235,7 @@ func (b *bmc) BootDevice(ctx context.Context) (sdk.BootSetting, error) {
 
 // OpenConsole starts a new viewer and ends the previous one.
 func (b *bmc) OpenConsole(context.Context) (io.ReadWriteCloser, error) {
-	c := &console{n: b.n}
+	c := &console{n: b.n, burst: max(b.burst, 1), rate: b.rate, start: time.Now(), done: make(chan struct{})}
 	b.n.mu.Lock()
 	old := b.n.console
 	b.n.console = c
@@ -235,8 +255,13 @@ func (b *bmc) OpenConsole(context.Context) (io.ReadWriteCloser, error) {
 // starts two past the last line the previous one received.
 type console struct {
 	n       *node
-	pending []byte // the generated line (or its unread rest); guarded by n.mu
-	closed  bool   // guarded by n.mu
+	burst   int // lines one Read may take (option console_burst, default 1)
+	rate    int // bytes per second at most (option console_rate; 0: no limit)
+	start   time.Time
+	sent    int           // bytes returned; guarded by n.mu
+	done    chan struct{} // closed by Close
+	pending []byte        // the generated line (or its unread rest); guarded by n.mu
+	closed  bool          // guarded by n.mu
 }
 
 // next generates the next line. Callers hold n.mu.
@@ -246,7 +271,14 @@ func (c *console) next() {
 	c.n.counter++
 }
 
+// Read takes the waiting line (or its rest) and, with the option
+// console_burst N, up to N-1 lines generated after it while p has room for
+// them whole: each is generated when the one before was taken, so one line
+// is always left waiting, as in obmd.
 func (c *console) Read(p []byte) (int, error) {
+	if err := c.pace(); err != nil {
+		return 0, err
+	}
 	c.n.mu.Lock()
 	defer c.n.mu.Unlock()
 	if c.closed {
@@ -254,10 +286,37 @@ func (c *console) Read(p []byte) (int, error) {
 	}
 	k := copy(p, c.pending)
 	c.pending = c.pending[k:]
-	if len(c.pending) == 0 {
+	for taken := 1; len(c.pending) == 0; taken++ {
 		c.next()
+		if taken >= c.burst || len(c.pending) > len(p)-k {
+			break
+		}
+		k += copy(p[k:], c.pending)
+		c.pending = c.pending[:0]
 	}
+	c.sent += k
 	return k, nil
+}
+
+// pace waits (with console_rate) until the bytes returned so far are due
+// at the rate, like a serial port's output.
+func (c *console) pace() error {
+	if c.rate <= 0 {
+		return nil
+	}
+	c.n.mu.Lock()
+	due := c.start.Add(time.Duration(float64(c.sent) / float64(c.rate) * float64(time.Second)))
+	c.n.mu.Unlock()
+	if d := time.Until(due); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-c.done:
+			return io.EOF
+		}
+	}
+	return nil
 }
 
 // Write discards input: obmd's mock console is read-only.
@@ -271,6 +330,7 @@ func (c *console) Close() error {
 		return nil
 	}
 	c.closed = true
+	close(c.done)
 	c.pending = nil
 	if c.n.console == c {
 		c.n.console = nil
