@@ -322,7 +322,7 @@ func (s *Service) Stats() Stats {
 	st := Stats{Reports: s.reports.Load(), Observations: s.observations.Load(), Writes: s.writes.Load(), Stale: s.stale.Load(),
 		Dropped: s.dropped.Load(), ExternalChanges: s.external.Load(), Health: map[string]int{}}
 	all := s.store.State().ObservedAll()
-	for _, n := range s.store.State().Nodes() {
+	for _, n := range s.store.State().NodeRefs() {
 		h := ""
 		if o, ok := all[n.Name]; ok && o.NodeIndex == n.CreateIndex {
 			h = o.Health
