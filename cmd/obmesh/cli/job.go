@@ -37,7 +37,7 @@ type followTimings struct {
 	tolerate  time.Duration // how long the API may fail (a failover) before it gives up
 }
 
-var follow = followTimings{poll: 500 * time.Millisecond, lineEvery: 5 * time.Second, tolerate: 60 * time.Second}
+var followEvery = followTimings{poll: 500 * time.Millisecond, lineEvery: 5 * time.Second, tolerate: 60 * time.Second}
 
 // selectorFlags pick the nodes of a job and shape it.
 type selectorFlags struct {
@@ -290,7 +290,7 @@ func (p *progress) show(j api.Job, now time.Time) {
 		p.drewOnTTY = true
 		return
 	}
-	if d == p.lastDone && !j.Finished() || now.Sub(p.lastLine) < follow.lineEvery && !j.Finished() {
+	if d == p.lastDone && !j.Finished() || now.Sub(p.lastLine) < followEvery.lineEvery && !j.Finished() {
 		return
 	}
 	p.lastLine, p.lastDone = now, d
@@ -324,7 +324,7 @@ func followJob(ctx context.Context, env Env, c *api.Client, f *clientFlags, id s
 			if failingSince.IsZero() {
 				failingSince = time.Now()
 			}
-			if time.Since(failingSince) > follow.tolerate {
+			if time.Since(failingSince) > followEvery.tolerate {
 				p.end()
 				return err
 			}
@@ -341,7 +341,7 @@ func followJob(ctx context.Context, env Env, c *api.Client, f *clientFlags, id s
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(follow.poll):
+		case <-time.After(followEvery.poll):
 		}
 	}
 }

@@ -31,6 +31,9 @@ type jobsAPI struct {
 	status   []api.JobResult // results of a status job
 	polls    int
 	spec     *api.JobSpec
+	// down answers this many progress polls with 503 (a failover); -1:
+	// every one.
+	down int
 }
 
 func (a *jobsAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -58,6 +61,12 @@ func (a *jobsAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		j := a.job()
 		switch r.URL.Query().Get("results") {
 		case api.ResultsNone:
+			if a.down != 0 {
+				a.down--
+				w.WriteHeader(503)
+				fmt.Fprint(w, `{"error":{"code":"no_leader","message":"no leader"}}`)
+				return
+			}
 			a.polls++
 		case api.ResultsAll:
 			j.Results = a.status
@@ -113,9 +122,9 @@ func (a *jobsAPI) created() bool {
 
 // fastFollow shortens how the CLI follows a job, for one test.
 func fastFollow(t *testing.T) {
-	old := follow
-	follow = followTimings{poll: time.Millisecond, lineEvery: 0, tolerate: time.Second}
-	t.Cleanup(func() { follow = old })
+	old := followEvery
+	followEvery = followTimings{poll: time.Millisecond, lineEvery: 0, tolerate: time.Second}
+	t.Cleanup(func() { followEvery = old })
 }
 
 type jobRun struct {
@@ -328,5 +337,23 @@ func TestNodeLabel(t *testing.T) {
 	}
 	if code, _, _ := runWith(t, context.Background(), srv.URL, "node", "register", "n3", "-driver", "mock", "-label", "bad"); code != 2 {
 		t.Fatalf("register -label bad: exit %d", code)
+	}
+}
+
+func TestFollow_OutlivesAFailover(t *testing.T) {
+	fastFollow(t)
+	a := &jobsAPI{matched: 4, step: 2, final: api.JobDone, down: 3}
+	srv := httptest.NewServer(a)
+	defer srv.Close()
+	if code, out, errs := runJobCLI(t, srv, jobRun{}, "power", "on", "-all"); code != 0 || !strings.Contains(out, "4 ok") {
+		t.Fatalf("a few failed polls ended the follow: exit %d %s %s", code, out, errs)
+	}
+	// An API that stays down past the tolerance ends it, naming why.
+	a = &jobsAPI{matched: 4, step: 2, final: api.JobDone, down: -1}
+	srv2 := httptest.NewServer(a)
+	defer srv2.Close()
+	code, _, errs := runJobCLI(t, srv2, jobRun{}, "power", "on", "-all")
+	if code != 1 || !strings.Contains(errs, "no_leader") {
+		t.Fatalf("exit %d %q", code, errs)
 	}
 }
