@@ -462,3 +462,44 @@ func TestWebUI_DevPrintsTheURL(t *testing.T) {
 		resp.Body.Close()
 	}
 }
+
+// TestWebUI_AnyMemberServesThePage: a follower serves the page itself
+// rather than forwarding it to the leader, so the page loads even while
+// the group has no leader (and then says why its data calls fail).
+func TestWebUI_AnyMemberServesThePage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	g := NewGroup(t, bin, 3)
+	leader := g.Leader(60 * time.Second)
+	fs := g.Followers(leader)
+	get := func(m *Member, path string) (int, string, error) {
+		c := &http.Client{Timeout: 5 * time.Second}
+		resp, err := c.Get("http://" + m.HTTPAddr + path)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, resp.Header.Get("Content-Type"), nil
+	}
+	if code, ct, err := get(fs[0], "/ui/"); err != nil || code != 200 || ct != "text/html; charset=utf-8" {
+		t.Fatalf("a follower's /ui/: %d %q %v", code, ct, err)
+	}
+	// Lose the quorum: the last member has no leader.
+	g.Kill(leader)
+	g.Kill(fs[1])
+	for _, path := range []string{"/ui/", "/ui/app.js", "/ui/vendor/xterm/xterm.mjs"} {
+		if code, _, err := get(fs[0], path); err != nil || code != 200 {
+			t.Errorf("GET %s on the member left without a leader: %d %v", path, code, err)
+		}
+	}
+	req, _ := http.NewRequest("GET", "http://"+fs[0].HTTPAddr+"/v1/nodes", nil)
+	req.Header.Set("Authorization", "Bearer "+g.Token)
+	if resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Errorf("GET /v1/nodes without a leader: 200; is the member really without a leader?")
+		}
+	}
+}
