@@ -364,6 +364,29 @@ func TestWebUI_InABrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("a failed operation shows its receipt", func(t *testing.T) {
+		pg.t = t
+		if _, err := cl.RegisterNode(ctx, api.NodeSpec{Name: "rack1-badpw", Driver: "ipmi", Address: bmcs[1].Addr, Username: "admin", Password: "not-the-password"}); err != nil {
+			t.Fatal(err)
+		}
+		before := len(bmcs[1].Ops())
+		pg.do("refresh", chromedp.Click(chromedp.CSS("#nodes-refresh")))
+		pg.waitJS(10*time.Second, "the new node", `!!document.querySelector('tr[data-node="rack1-badpw"] button[data-action="on"]')`)
+		pg.do("power on with a wrong BMC password", chromedp.Click(chromedp.CSS(`tr[data-node="rack1-badpw"] button[data-action="on"]`)),
+			chromedp.WaitVisible(chromedp.CSS("#confirm")), chromedp.Click(chromedp.CSS("#confirm-ok")))
+		pg.waitJS(30*time.Second, "the failed receipt",
+			`(() => { const d = document.querySelector("#last-receipt-body dl.receipt"); return !!d && d.innerText.includes("rack1-badpw") && d.dataset.outcome === "failed"; })()`)
+		if r := pg.text("#last-receipt-body"); !strings.Contains(r, "auth") || !strings.Contains(r, "op-") {
+			t.Errorf("the failed receipt does not say why or which operation: %q", r)
+		}
+		if ops := bmcs[1].Ops()[before:]; len(ops) != 0 {
+			t.Errorf("a refused login carried out %v", ops)
+		}
+		if err := cl.DeleteNode(ctx, "rack1-badpw"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("boot device", func(t *testing.T) {
 		pg.t = t
 		btn := fmt.Sprintf(`tr[data-node=%q] button[data-action="boot"]`, node)
