@@ -3,7 +3,9 @@ package systemtest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -276,4 +278,81 @@ func TestPowerSync_BlackholedBMCIsQuarantined(t *testing.T) {
 		o := observedOf(t, c)["dark"]
 		return o.Health == "ok" && o.Power == "off" && o.ErrorClass == "" && o.Failures == 0
 	})
+}
+
+// TestPowerSync_AgentAndLeaderFailover: three coordinators and two agents
+// (processes) share ten IPMI nodes, each read by one agent; when an agent
+// is killed the other takes all its nodes, and when the leader is killed
+// the new leader hands the shares out again and the readings go on. The
+// replicated record survives the leader change.
+func TestPowerSync_AgentAndLeaderFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	const interval = 500 * time.Millisecond
+	g := NewGroupWith(t, bin, 3, GroupOptions{Agent: func(_ string, ac *agent.Config) {
+		ac.PowerSync = agent.PowerSyncConfig{Interval: config.Duration(interval), Timeout: config.Duration(2 * time.Second)}
+	}}, "a1", "a2")
+	g.WaitAgents(2)
+	l := g.Leader(30 * time.Second)
+	cl := g.Client(l)
+	var names []string
+	for i := range 10 {
+		n := fmt.Sprintf("fo-%d", i)
+		names = append(names, n)
+		registerIPMI(t, cl, n, startIPMISim(t, n, "127.0.0.1:0").Addr)
+	}
+	observed := func(c *api.Client) map[string]api.Observed {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ns, err := c.Nodes(ctx)
+		m := map[string]api.Observed{}
+		if err != nil {
+			return m
+		}
+		for _, n := range ns {
+			if n.Observed != nil {
+				m[n.Name] = *n.Observed
+			}
+		}
+		return m
+	}
+	// readSince: every node read after t0, by one of the agents in by.
+	readSince := func(c *api.Client, t0 time.Time, by ...string) bool {
+		m := observed(c)
+		for _, n := range names {
+			o := m[n]
+			if o.LastRead == nil || !o.LastRead.After(t0) || !slices.Contains(by, o.Agent) {
+				return false
+			}
+		}
+		return true
+	}
+	WaitFor(t, 30*time.Second, "every node read", func() bool { return readSince(cl, time.Time{}, "a1", "a2") })
+	byAgent := map[string]int{}
+	for _, o := range observed(cl) {
+		byAgent[o.Agent]++
+	}
+	if byAgent["a1"] == 0 || byAgent["a2"] == 0 || byAgent["a1"]+byAgent["a2"] != 10 {
+		t.Fatalf("readers %v: want the ten nodes shared by both agents", byAgent)
+	}
+
+	// Agent a1 dies: a2 reads every node.
+	g.Agents[0].Cmd.Process.Kill()
+	killed := time.Now()
+	WaitFor(t, 30*time.Second, "a2 reading every node after a1 was killed", func() bool { return readSince(cl, killed, "a2") })
+
+	// The leader dies: the new one hands the shares out again.
+	before := observed(cl)
+	g.Kill(l)
+	nl := g.Leader(30 * time.Second)
+	ncl := g.Client(nl)
+	changed := time.Now()
+	WaitFor(t, 30*time.Second, "readings under the new leader", func() bool { return readSince(ncl, changed, "a2") })
+	after := observed(ncl)
+	for _, n := range names {
+		if after[n].Power != before[n].Power || after[n].Health != "ok" || after[n].PowerSince == nil || before[n].PowerSince == nil || !after[n].PowerSince.Equal(*before[n].PowerSince) {
+			t.Errorf("node %s: before the leader change %+v, after %+v (the replicated power state and its time must survive)", n, before[n], after[n])
+		}
+	}
 }
