@@ -246,3 +246,33 @@ func TestSupervise_IdleSessionOfADeadProcessIsDroppedWithoutClose(t *testing.T) 
 		t.Errorf("session of a gone process: kept %v, closed %d times; want dropped without Close", ok, b.closed.Load())
 	}
 }
+
+// When a replaced process is stopped, the sessions opened through it are
+// logged out first (they are of no use to the new process), even when not
+// idle; sessions of the current process stay open. An idle entry without
+// a session is just forgotten.
+func TestSupervise_StoppingAReplacedProcessLogsOutItsSessions(t *testing.T) {
+	_, p := supervised(Config{IdleClose: time.Hour, DrainTimeout: time.Hour})
+	t0 := time.Unix(1000, 0)
+	old := &proc{Process: startMock(t), gen: 1, started: t0}
+	p.cur = old
+	p.retireLocked(old, t0) // no calls: stopped at the next supervision
+	p.gen = 2
+	p.cur = &proc{Process: startMock(t), gen: 2, started: t0}
+	oldSession, curSession := &countingBMC{}, &countingBMC{}
+	p.bmcs["a"] = &bmcEntry{sem: make(chan struct{}, 1), bmc: oldSession, gen: 1, lastUsed: t0}
+	p.bmcs["b"] = &bmcEntry{sem: make(chan struct{}, 1), bmc: curSession, gen: 2, lastUsed: t0}
+	p.bmcs["c"] = &bmcEntry{sem: make(chan struct{}, 1), gen: 2, lastUsed: t0.Add(-2 * time.Hour)}
+
+	p.supervise(t0.Add(time.Minute))
+	waitExited(t, old.Process)
+	if e := p.bmcs["a"]; e == nil || e.bmc != nil || oldSession.closed.Load() != 1 {
+		t.Errorf("the session of the stopped process: entry %v, closed %d times; want it logged out once and the entry kept", e, oldSession.closed.Load())
+	}
+	if e := p.bmcs["b"]; e == nil || e.bmc != curSession || curSession.closed.Load() != 0 {
+		t.Errorf("the current process's session was closed")
+	}
+	if _, ok := p.bmcs["c"]; ok {
+		t.Errorf("an idle entry without a session was kept")
+	}
+}
