@@ -84,6 +84,18 @@ type Job struct {
 	Results []JobResult `json:"results,omitempty"`
 	// Sample names some of the nodes a dry run selected.
 	Sample []string `json:"sample,omitempty"`
+	// Latency summarizes how long the nodes' operations took (with
+	// results other than none).
+	Latency *JobLatency `json:"latency,omitempty"`
+}
+
+// JobLatency is the distribution of a job's operation durations (those
+// with an outcome), in milliseconds.
+type JobLatency struct {
+	Count int     `json:"count"`
+	P50MS float64 `json:"p50_ms"`
+	P99MS float64 `json:"p99_ms"`
+	MaxMS float64 `json:"max_ms"`
 }
 
 // Finished reports whether the job is over.
@@ -98,6 +110,8 @@ type JobResult struct {
 	State      string `json:"state,omitempty"`
 	ErrorClass string `json:"error_class,omitempty"`
 	Error      string `json:"error,omitempty"`
+	// DurationMS is how long the operation took on the coordinator.
+	DurationMS float64 `json:"duration_ms,omitempty"`
 }
 
 // Which results GET /v1/jobs/{id} includes (?results=).

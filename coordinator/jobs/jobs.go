@@ -517,9 +517,12 @@ func (s *Service) runOne(ctx context.Context, j state.Job, i int, timeout time.D
 		octx, cancel = context.WithTimeout(ctx, timeout)
 	}
 	defer cancel()
+	start := time.Now()
 	rec, err := s.op.Do(octx, ops.Request{ID: state.JobOpID(j.ID, i), Caller: "job:" + j.ID, Node: j.Nodes[i], Action: j.Action,
 		BootDevice: j.BootDevice, Persistent: j.Persistent, EFI: j.EFI})
-	return resultOf(rec, err)
+	res := resultOf(rec, err)
+	res.Micros = max(time.Since(start).Microseconds(), 1)
+	return res
 }
 
 // resultOf turns a receipt (and the runner's error) into a job result.
@@ -646,7 +649,12 @@ func (s *Service) interrupt(ctx context.Context, info state.JobInfo) {
 			continue // never sent: skipped when the job finishes
 		}
 		sent++
-		ups = append(ups, state.JobUpdate{I: i, JobResult: resultOf(receiptOf(raw), nil)})
+		rec := receiptOf(raw)
+		res := resultOf(rec, nil)
+		if !rec.StartedAt.IsZero() && rec.FinishedAt.After(rec.StartedAt) {
+			res.Micros = min(rec.FinishedAt.Sub(rec.StartedAt).Microseconds(), int64(24*time.Hour/time.Microsecond))
+		}
+		ups = append(ups, state.JobUpdate{I: i, JobResult: res})
 	}
 	reason := fmt.Sprintf("interrupted: the leader running it (%s, term %d) was lost; %d operation(s) it sent had no result in the job yet and were completed from their receipts; nodes never sent are skipped. A job is never resumed: start a new one for the skipped nodes",
 		j.Coordinator, j.Epoch, sent)

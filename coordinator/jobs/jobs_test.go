@@ -265,6 +265,14 @@ func TestJob_ResultsAreBatched(t *testing.T) {
 	if n := c.count("job.update"); n > 100 {
 		t.Fatalf("%d log entries for 1,000 results: not batched", n)
 	}
+	if j.Latency == nil || j.Latency.Count != 1000 || j.Latency.P50MS <= 0 || j.Latency.MaxMS < j.Latency.P99MS {
+		t.Fatalf("latency %+v", j.Latency)
+	}
+	for _, r := range j.Results {
+		if r.DurationMS <= 0 {
+			t.Fatalf("result without a duration: %+v", r)
+		}
+	}
 }
 
 func TestCreate_Selectors(t *testing.T) {
@@ -429,5 +437,20 @@ func TestJob_ShutdownLeavesItToTheNextLeader(t *testing.T) {
 	got := finished(t, s2, j.ID)
 	if got.State != api.JobInterrupted || got.Unknown != 2 || got.Skipped != 18 || got.Failed != 0 {
 		t.Fatalf("after the restart: %s, %d unknown, %d skipped, %d failed", got.State, got.Unknown, got.Skipped, got.Failed)
+	}
+}
+
+func TestLatency(t *testing.T) {
+	var rs []state.JobResult
+	for i := 100; i >= 1; i-- {
+		rs = append(rs, state.JobResult{Outcome: state.JobOK, Micros: int64(i) * 1000})
+	}
+	rs = append(rs, state.JobResult{Outcome: state.JobSkipped}) // no duration: not counted
+	l := latency(rs)
+	if l.Count != 100 || l.P50MS != 50 || l.P99MS != 99 || l.MaxMS != 100 {
+		t.Fatalf("latency %+v", l)
+	}
+	if latency([]state.JobResult{{Outcome: state.JobSkipped}}) != nil {
+		t.Fatal("latency of no durations")
 	}
 }

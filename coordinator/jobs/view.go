@@ -3,6 +3,8 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"math"
+	"slices"
 	"time"
 
 	"github.com/obmesh/obmesh/coordinator/api"
@@ -68,6 +70,7 @@ func (s *Service) Get(ctx context.Context, id, results string, stale bool) (api.
 	info, _ := st.JobInfo(id)
 	out := toAPI(info)
 	out.Results = []api.JobResult{}
+	out.Latency = latency(j.Results)
 	for i, r := range j.Results {
 		if r.Outcome == state.JobUnknown {
 			if raw, ok := st.Audit(state.JobOpID(j.ID, i)); ok {
@@ -79,7 +82,8 @@ func (s *Service) Get(ctx context.Context, id, results string, stale bool) (api.
 		if results == api.ResultsFailed && (r.Outcome == "" || r.Outcome == state.JobOK) {
 			continue
 		}
-		ar := api.JobResult{Node: j.Nodes[i], Outcome: r.Outcome, State: r.State, ErrorClass: r.Class, Error: r.Error}
+		ar := api.JobResult{Node: j.Nodes[i], Outcome: r.Outcome, State: r.State, ErrorClass: r.Class, Error: r.Error,
+			DurationMS: float64(r.Micros) / 1000}
 		switch r.Outcome {
 		case "":
 			ar.Outcome = api.JobPending
@@ -104,4 +108,24 @@ func (s *Service) List(ctx context.Context, stale bool) ([]api.Job, error) {
 		out = append(out, toAPI(i))
 	}
 	return out, nil
+}
+
+// latency summarizes the durations of the results that have one (nil when
+// none has).
+func latency(rs []state.JobResult) *api.JobLatency {
+	var us []int64
+	for _, r := range rs {
+		if r.Micros > 0 {
+			us = append(us, r.Micros)
+		}
+	}
+	if len(us) == 0 {
+		return nil
+	}
+	slices.Sort(us)
+	at := func(q float64) float64 {
+		i := int(math.Ceil(q*float64(len(us)))) - 1
+		return float64(us[max(i, 0)]) / 1000
+	}
+	return &api.JobLatency{Count: len(us), P50MS: at(0.50), P99MS: at(0.99), MaxMS: float64(us[len(us)-1]) / 1000}
 }

@@ -61,6 +61,7 @@ const (
 	MaxJobErrorBytes  = 512
 	maxJobTextBytes   = 1024
 	maxJobShortBytes  = 64
+	maxJobMicros      = int64(24 * 3600 * 1e6)
 )
 
 // Job is a bulk job's record.
@@ -104,6 +105,8 @@ type JobResult struct {
 	Error   string `json:"error,omitempty"`
 	// State is the power state a power status read found.
 	State string `json:"state,omitempty"`
+	// Micros is how long the operation took, as the leader measured it.
+	Micros int64 `json:"us,omitempty"`
 }
 
 // JobCounts counts a job's results by outcome.
@@ -259,6 +262,9 @@ func validateJobResult(r JobResult) error {
 	}
 	if err := checkShort("state", r.State, maxJobShortBytes); err != nil {
 		return err
+	}
+	if r.Micros < 0 || r.Micros > maxJobMicros {
+		return invalid("job result duration %dus is out of range", r.Micros)
 	}
 	return checkShort("error", r.Error, MaxJobErrorBytes)
 }
@@ -481,7 +487,7 @@ func (ns *State) restoreJobs(snap jobSnapshot) error {
 			return fmt.Errorf("jobs[%d] (%s): %w", i, q(j.ID), invalid("%d results for %d nodes", len(j.Results), len(j.Nodes)))
 		}
 		for _, r := range j.Results {
-			if r.Outcome == "" && r.Class == "" && r.Error == "" && r.State == "" {
+			if r == (JobResult{}) {
 				continue
 			}
 			if err := validateJobResult(r); err != nil {

@@ -98,6 +98,7 @@ func TestUpdateJob_ResultsAndFinish(t *testing.T) {
 		"long error":  {ID: id, Results: []JobUpdate{{I: 3, JobResult: JobResult{Outcome: JobFailed, Error: string(make([]byte, MaxJobErrorBytes+1))}}}},
 		"bad state":   {ID: id, State: "paused"},
 		"control":     {ID: id, Results: []JobUpdate{{I: 3, JobResult: JobResult{Outcome: JobFailed, Error: "a\nb"}}}},
+		"negative us": {ID: id, Results: []JobUpdate{{I: 3, JobResult: JobResult{Outcome: JobOK, Micros: -1}}}},
 	} {
 		if r := mustApply(t, s, 4, u); !errors.Is(r.Err, ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, r.Err)

@@ -378,6 +378,9 @@ func printJobResults(env Env, j api.Job) {
 	if j.Reason != "" {
 		fmt.Fprintf(env.Stdout, "  %s\n", termText(oneLine(j.Reason)))
 	}
+	if l := j.Latency; l != nil {
+		fmt.Fprintf(env.Stdout, "  per node: p50 %.1fms, p99 %.1fms, max %.1fms (%d operations)\n", l.P50MS, l.P99MS, l.MaxMS, l.Count)
+	}
 	if len(j.Results) == 0 {
 		return
 	}

@@ -70,6 +70,7 @@ func (a *jobsAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			a.polls++
 		case api.ResultsAll:
 			j.Results = a.status
+			j.Latency = &api.JobLatency{Count: 3, P50MS: 12, P99MS: 40.5, MaxMS: 41}
 		default:
 			j.Results = a.failures
 		}
@@ -249,7 +250,7 @@ func TestPowerStatusJob_PrintsEveryNode(t *testing.T) {
 	if strings.Join(a.spec.Selector.Nodes, ",") != "a,b,c" || a.spec.Action != api.JobActionStatus {
 		t.Fatalf("spec %+v", a.spec)
 	}
-	for _, want := range []string{"NODE", "STATE", "a ", "on", "b ", "off", "c ", "failed", "bmc_busy"} {
+	for _, want := range []string{"NODE", "STATE", "a ", "on", "b ", "off", "c ", "failed", "bmc_busy", "per node: p50 12.0ms, p99 40.5ms, max 41.0ms (3 operations)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, out)
 		}
