@@ -430,9 +430,71 @@ func TestWebUI_InABrowser(t *testing.T) {
 		pg.waitJS(30*time.Second, "the simulator's banner in xterm.js", fmt.Sprintf(`(document.querySelector("#terminal .xterm-rows")||{innerText:""}).innerText.includes(%q)`, node+" login:"))
 		pg.do("type", chromedp.Focus(chromedp.CSS("#terminal .xterm-helper-textarea")), typeKeys("hello-from-the-browser\r"))
 		pg.waitJS(15*time.Second, "the typed line echoed by the simulator", `(document.querySelector("#terminal .xterm-rows")||{innerText:""}).innerText.includes("hello-from-the-browser")`)
-		if st := pg.text("#console-status"); !strings.Contains(st, "connected") {
-			t.Errorf("console status %q", st)
+		if st := pg.text("#console-status"); !strings.Contains(st, "connected") || !strings.Contains(st, "keyboard") {
+			t.Errorf("console status %q, want connected with the keyboard", st)
 		}
+	})
+
+	const rows = `(document.querySelector("#terminal .xterm-rows")||{innerText:""}).innerText`
+	t.Run("console shared with a CLI viewer, history, read-only", func(t *testing.T) {
+		pg.t = t
+		// A CLI viewer (the API client obmesh console uses) joins the
+		// console the page has open: it sees what the page types.
+		cv, err := cl.ConsoleWith(ctx, node, api.ConsoleOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var (
+			mu  sync.Mutex
+			out strings.Builder
+			wg  sync.WaitGroup
+		)
+		wg.Go(func() {
+			buf := make([]byte, 4096)
+			for {
+				n, err := cv.Read(buf)
+				mu.Lock()
+				out.Write(buf[:n])
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		})
+		defer func() { cv.Close(); wg.Wait() }()
+		cliSaw := func(s string) func() bool {
+			return func() bool { mu.Lock(); defer mu.Unlock(); return strings.Contains(out.String(), s) }
+		}
+		pg.do("type", chromedp.Focus(chromedp.CSS("#terminal .xterm-helper-textarea")), typeKeys("typed-in-the-page\r"))
+		WaitFor(t, 15*time.Second, "the CLI viewer to see what the page typed", cliSaw("typed-in-the-page"))
+
+		// Reopen with history: what was shown before is there again
+		// without anything typed.
+		pg.do("leave the console", chromedp.Navigate(base+"/ui/#nodes"))
+		pg.waitJS(10*time.Second, "the console closed", `!document.querySelector("#terminal .xterm-rows")`)
+		pg.do("reopen the console", chromedp.Navigate(base+"/ui/#console/"+node))
+		pg.waitJS(15*time.Second, "the history replayed", rows+`.includes("typed-in-the-page")`)
+
+		// Read-only: the page sends nothing; the CLI viewer, which
+		// waited for the keyboard, now types, and the page still sees
+		// the console.
+		pg.do("tick read-only", chromedp.Click(chromedp.CSS("#console-ro")), chromedp.Click(chromedp.CSS("#console-reconnect")))
+		pg.waitJS(15*time.Second, "the read-only status", `document.querySelector("#console-status").innerText.includes("read-only")`)
+		pg.do("type read-only", chromedp.Focus(chromedp.CSS("#terminal .xterm-helper-textarea")), typeKeys("not-typed-ro\r"))
+		WaitFor(t, 15*time.Second, "the CLI viewer to hold the keyboard", func() bool {
+			if _, err := cv.Write([]byte("cli-typed\r")); err != nil {
+				t.Fatal(err)
+			}
+			return cliSaw("cli-typed")()
+		})
+		pg.waitJS(15*time.Second, "the CLI's typing in the page", rows+`.includes("cli-typed")`)
+		if got, _ := evalIn[string](pg, rows); strings.Contains(got, "not-typed-ro") {
+			t.Errorf("a read-only page typed into the console:\n%s", got)
+		}
+		if cliSaw("not-typed-ro")() {
+			t.Error("the CLI viewer saw what the read-only page typed")
+		}
+		pg.do("untick read-only", chromedp.Click(chromedp.CSS("#console-ro")))
 	})
 
 	pg.t = t
