@@ -159,7 +159,7 @@ func (m *coordMetrics) watch(st *store.Store, agents func() []agentsvc.AgentStat
 			}
 		})
 	r.GaugeSet("obmesh_nodes", "Registered nodes in this member's replica, by site.", []string{"site"}, func(emit metrics.Emit) {
-		for _, n := range st.State().Nodes() {
+		for _, n := range st.State().NodeRefs() {
 			emit(1, m.sites.Value(n.Site))
 		}
 	})
