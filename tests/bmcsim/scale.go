@@ -68,6 +68,15 @@ func (f *Fleet) Dropped() uint64 {
 	return f.shared.dropped.Load()
 }
 
+// Received is how many packets a shared fleet's BMCs were sent (0 for a
+// fleet of sockets).
+func (f *Fleet) Received() uint64 {
+	if f.shared == nil {
+		return 0
+	}
+	return f.shared.received.Load()
+}
+
 // nextHost is the loopback address after a, skipping host bytes 0 and 255.
 func nextHost(a netip.Addr) netip.Addr {
 	for {
@@ -97,8 +106,9 @@ type shared struct {
 	mu   sync.RWMutex
 	bmcs map[netip.Addr]*vconn
 
-	dropped atomic.Uint64 // packets for no BMC, or to a BMC whose queue was full
-	done    chan struct{} // closed when read returns
+	received atomic.Uint64 // packets read from the socket
+	dropped  atomic.Uint64 // packets for no BMC, or to a BMC whose queue was full
+	done     chan struct{} // closed when read returns
 }
 
 // inboxSize bounds the packets queued for one BMC; more are dropped, as a
@@ -136,6 +146,7 @@ func (sh *shared) read() {
 			}
 			continue
 		}
+		sh.received.Add(1)
 		sh.mu.RLock()
 		vc := sh.bmcs[to]
 		sh.mu.RUnlock()

@@ -24,8 +24,11 @@ import (
 	ipmiclient "github.com/bougou/go-ipmi/pkg/client"
 	ipmitypes "github.com/bougou/go-ipmi/pkg/types"
 
+	"github.com/obmesh/obmesh/agent"
+	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/state"
+	"github.com/obmesh/obmesh/internal/config"
 	"github.com/obmesh/obmesh/plugins/ipmi/ipmitest"
 	"github.com/obmesh/obmesh/tests/bmcsim"
 )
@@ -242,6 +245,7 @@ func BenchmarkScale10k(b *testing.B) {
 	}
 	el := time.Since(start)
 	b.StopTimer()
+	jobWall, jobP50, jobP99, jobSample := jobSweep(b, c, n)
 	after := float64(liveHeap()-base) / float64(n)
 	plugins := 0
 	for _, pid := range Children(os.Getpid()) {
@@ -263,11 +267,150 @@ func BenchmarkScale10k(b *testing.B) {
 	b.ReportMetric(float64(pct(all, 50).Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(pct(all, 99).Microseconds())/1000, "p99-ms")
 	b.ReportMetric(float64(n*sweeps)/el.Seconds(), "status/s")
+	b.ReportMetric(jobWall.Seconds(), "job-sweep-s")
+	b.ReportMetric(ms(jobP50), "job-p50-ms")
+	b.ReportMetric(ms(jobP99), "job-p99-ms")
+	b.ReportMetric(float64(jobSample), "job-receipts-sampled")
 	b.ReportMetric(after, "inproc-after-B/node")
 	b.ReportMetric(float64(plugins)*1024/float64(n), "plugin-rss-B/node")
 	if dir := os.Getenv("OBMESH_BENCH_SNAPSHOT_OUT"); dir != "" {
 		os.WriteFile(filepath.Join(dir, "scale-snapshot.json"), snap.Bytes(), 0o600)
 	}
+}
+
+// jobSweep reads the power state of every node through one bulk job
+// (POST /v1/jobs, action status, all nodes, 64 in flight), following it
+// until it is over. It returns the wall time from the POST to the
+// finished job, and p50/p99 of the per-node operations (started to
+// finished, from the receipts the leader still keeps: the newest 4,096
+// reads) with how many receipts that sample holds.
+func jobSweep(b *testing.B, c *api.Client, n int) (wall, p50, p99 time.Duration, sampled int) {
+	ctx := context.Background()
+	t0 := time.Now()
+	j, err := c.CreateJob(ctx, api.JobSpec{Selector: api.Selector{All: true}, Action: api.JobActionStatus, Parallelism: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for !j.Finished() {
+		time.Sleep(100 * time.Millisecond)
+		if j, err = c.Job(ctx, j.ID, api.ResultsNone); err != nil {
+			b.Fatal(err)
+		}
+		if time.Since(t0) > 10*time.Minute {
+			b.Fatalf("job %s not over after 10 minutes: %+v", j.ID, j)
+		}
+	}
+	wall = time.Since(t0)
+	if j.State != api.JobDone || j.OK+j.Failed+j.Unknown != n {
+		b.Fatalf("job %s: %s, %d ok %d failed %d unknown of %d", j.ID, j.State, j.OK, j.Failed, j.Unknown, n)
+	}
+	if j.Failed+j.Unknown > n/100 {
+		b.Fatalf("job %s: %d of %d nodes failed", j.ID, j.Failed+j.Unknown, n)
+	}
+	full, err := c.Job(ctx, j.ID, api.ResultsAll)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var d []time.Duration
+	for i := len(full.Results) - 1; i >= 0 && len(d) < 4096; i-- {
+		rec, err := c.Operation(ctx, full.Results[i].Operation)
+		if err != nil || rec.FinishedAt.IsZero() {
+			continue // no longer kept
+		}
+		d = append(d, rec.FinishedAt.Sub(rec.StartedAt))
+	}
+	if len(d) == 0 {
+		return wall, 0, 0, 0
+	}
+	return wall, pct(d, 50), pct(d, 99), len(d)
+}
+
+// BenchmarkPowerSync10k measures what the periodic power sync costs at a
+// 60 s interval with 10,000 nodes (OBMESH_BENCH_SCALE_NODES): a
+// coordinator and an agent as processes, the simulated fleet in this
+// process, the agent's rate limit raised so the interval holds (the
+// default, 50 reads a second per site, reads 10,000 nodes every 200 s).
+// Once every node was read, it reports over a window
+// (OBMESH_BENCH_SYNC_WINDOW, default 60s) the CPU seconds per minute of
+// the agent, of its ipmi plugin process and of the coordinator, and the
+// requests per minute the BMCs received.
+func BenchmarkPowerSync10k(b *testing.B) {
+	n := scaleNodes()
+	window := 60 * time.Second
+	if v, err := time.ParseDuration(os.Getenv("OBMESH_BENCH_SYNC_WINDOW")); err == nil && v > 0 {
+		window = v
+	}
+	fleet, err := bmcsim.StartIPMIFleetShared(n, "sync", "admin", "pw")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fleet.Close()
+	cl := NewClusterWith(b, bin, repoRoot(b), ClusterOptions{
+		Coordinator: func(cc *coordinator.Config) { cc.LogLevel = "warn" },
+		Agent: func(ac *agent.Config) {
+			ac.LogLevel = "warn"
+			ac.PowerSync.Interval = config.Duration(time.Minute)
+			ac.PowerSync.Rate = float64(n) / 60 * 1.5
+		},
+	})
+	cl.StartCoordinator()
+	cl.StartAgent()
+	c := client(cl)
+	ctx := context.Background()
+	WaitFor(b, 60*time.Second, "the agent to connect", func() bool {
+		as, err := c.Agents(ctx)
+		return err == nil && len(as) == 1 && as[0].Health == "healthy"
+	})
+	if _, err := inParallel(n, 32, func(i int) error {
+		bmc := fleet.IPMI[i]
+		_, err := c.RegisterNode(ctx, api.NodeSpec{Name: bmc.Name, Driver: "ipmi", Address: bmc.Addr, Username: "admin", Password: "pw"})
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	read := func() int {
+		nodes, err := c.Nodes(ctx)
+		if err != nil {
+			return 0
+		}
+		k := 0
+		for _, nd := range nodes {
+			if nd.Observed != nil && nd.Observed.LastRead != nil {
+				k++
+			}
+		}
+		return k
+	}
+	WaitFor(b, 5*time.Minute, "every node read once by the power sync", func() bool { return read() >= n })
+	procCPU := func(pid int) time.Duration {
+		bs, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0
+		}
+		s := string(bs)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		u, _ := strconv.Atoi(f[11])
+		k, _ := strconv.Atoi(f[12])
+		return time.Duration(u+k) * 10 * time.Millisecond
+	}
+	agentPid, coordPid := cl.Agent.Cmd.Process.Pid, cl.Coord.Cmd.Process.Pid
+	plugins := func() time.Duration {
+		var t time.Duration
+		for _, pid := range Children(agentPid) {
+			t += procCPU(pid)
+		}
+		return t
+	}
+	a0, p0, c0, r0 := procCPU(agentPid), plugins(), procCPU(coordPid), fleet.Received()
+	b.ResetTimer()
+	time.Sleep(window)
+	b.StopTimer()
+	perMin := func(d time.Duration) float64 { return d.Seconds() * float64(time.Minute) / float64(window) }
+	b.ReportMetric(perMin(procCPU(agentPid)-a0), "agent-cpu-s/min")
+	b.ReportMetric(perMin(plugins()-p0), "plugin-cpu-s/min")
+	b.ReportMetric(perMin(procCPU(coordPid)-c0), "coord-cpu-s/min")
+	b.ReportMetric(float64(fleet.Received()-r0)*float64(time.Minute)/float64(window), "bmc-requests/min")
+	b.ReportMetric(float64(n), "nodes")
 }
 
 // sideBySideFleet is a fleet of IPMI BMCs both sides of the comparison
