@@ -588,3 +588,56 @@ func TestWebUI_AnyMemberServesThePage(t *testing.T) {
 		}
 	}
 }
+
+// TestWebUI_ConsoleSurvivesLeaderKill: the page's console, served by a
+// follower (its origin), survives the leader's death: it reconnects from
+// its last offset and goes on, without repeating what it showed (a replay
+// would) or reporting missed output, and typing works again.
+func TestWebUI_ConsoleSurvivesLeaderKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test with a browser")
+	}
+	pg := newPage(t, "")
+	g := consoleGroup(t, 3, t.TempDir(), false)
+	leader := g.Leader(60 * time.Second)
+	g.WaitAgents(1)
+	b, err := bmcsim.StartIPMI("failover-node", "127.0.0.1:0", "admin", "webui-bmc-password")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	register(t, g.Client(leader), api.NodeSpec{Name: b.Name, Driver: "ipmi", Address: b.Addr, Username: b.User, Password: b.Password})
+	origin := g.Followers(leader)[0]
+	base := "http://" + origin.HTTPAddr
+	pg.do("open the page", chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), g.Token), chromedp.Click(chromedp.CSS(`#login-form button[type="submit"]`)))
+	pg.waitJS(30*time.Second, "the nodes table", fmt.Sprintf(`!!document.querySelector('tr[data-node=%q]')`, b.Name))
+	const rows = `(document.querySelector("#terminal .xterm-rows")||{innerText:""}).innerText`
+	pg.do("open the console", chromedp.Navigate(base+"/ui/#console/"+b.Name))
+	pg.waitJS(30*time.Second, "the banner", rows+fmt.Sprintf(`.includes(%q)`, b.Name+" login:"))
+	pg.do("type", chromedp.Focus(chromedp.CSS("#terminal .xterm-helper-textarea")), typeKeys("before-the-kill\r"))
+	pg.waitJS(15*time.Second, "the echo", rows+`.includes("before-the-kill")`)
+
+	g.Kill(leader)
+	pg.waitJS(60*time.Second, "the console to reconnect", `document.querySelector("#console-status").innerText.includes("reconnecting")`)
+	pg.waitJS(60*time.Second, "the console connected again", `document.querySelector("#console-status").innerText.includes("keyboard")`)
+	WaitFor(t, 60*time.Second, "typing to reach the console again", func() bool {
+		pg.do("type", chromedp.Focus(chromedp.CSS("#terminal .xterm-helper-textarea")), typeKeys("after-the-kill\r"))
+		ok, _ := evalIn[bool](pg, rows+`.includes("after-the-kill")`)
+		return ok
+	})
+	got, err := evalIn[string](pg, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(got, "before-the-kill"); n != 1 {
+		t.Errorf("the line typed before the kill shows %d times after the reconnection:\n%s", n, got)
+	}
+	if n := strings.Count(got, b.Name+" login:"); n != 1 {
+		t.Errorf("the banner shows %d times after the reconnection:\n%s", n, got)
+	}
+	if strings.Contains(got, "missed") || strings.Contains(got, "console ended") {
+		t.Errorf("the page reported lost output or an end:\n%s", got)
+	}
+	pg.checkNoProblems()
+}
