@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/obmesh/obmesh/coordinator/agentsvc"
 	"github.com/obmesh/obmesh/coordinator/state"
 	"github.com/obmesh/obmesh/internal/agentpb"
 )
@@ -25,7 +26,7 @@ func BenchmarkTakeReport_Unchanged(b *testing.B) {
 		n, _ := fs.st.Node(name)
 		nodes = append(nodes, n)
 	}
-	s := New(Config{}, fs, &fakeAgents{}, plainKeys{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := New(Config{}, fs, &fakeAgents{agents: []agentsvc.AgentStatus{agentStatus("ag1")}}, plainKeys{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	t0 := time.Now()
 	ctx := context.Background()
 	// First readings (written once).
@@ -37,6 +38,9 @@ func BenchmarkTakeReport_Unchanged(b *testing.B) {
 		s.takeReport(ctx, "ag1", &agentpb.PowerSyncReport{Observations: obs})
 	}
 	writes := fs.observedWrites()
+	if writes == 0 {
+		b.Fatal("the first readings were not taken")
+	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i += 42 {
 		var obs []*agentpb.NodeObservation

@@ -2,6 +2,7 @@ package observe
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"time"
 
@@ -68,13 +69,21 @@ func (s *Service) takeReport(ctx context.Context, agent string, r *agentpb.Power
 	if !s.store.IsLeader() {
 		return
 	}
+	// An agent speaks only for the sites it serves (its certificate's):
+	// readings of other nodes are dropped.
+	var sites []string
+	for _, a := range s.agents.Connected() {
+		if a.ID == agent {
+			sites = a.Sites
+		}
+	}
 	st := s.store.State()
 	var batch []state.Observed
 	var events []api.Event
 	for _, o := range r.GetObservations() {
 		s.observations.Add(1)
 		n, ok := st.Node(o.Node)
-		if !ok || !validHealth(o.Health) || o.ReadUnixNano <= 0 {
+		if !ok || !validHealth(o.Health) || o.ReadUnixNano <= 0 || !slices.Contains(sites, n.Site) {
 			continue
 		}
 		key := n.Key()

@@ -302,3 +302,24 @@ func TestReshare_KicksOnlyChangedShares(t *testing.T) {
 func agentStatus(id string) agentsvc.AgentStatus {
 	return agentsvc.AgentStatus{ID: id, Healthy: true, Sites: []string{"a"}, Drivers: []string{"ipmi"}}
 }
+
+// An agent speaks only for the nodes of its sites: a reading of another
+// site's node (a compromised or misconfigured agent) is dropped.
+func TestReport_OnlyFromAnAgentOfTheNodesSite(t *testing.T) {
+	s, fs, fa, events := fixture(t, 1)
+	n, _ := fs.st.Node("n0")
+	fa.mu.Lock()
+	fa.agents = append(fa.agents, agentsvc.AgentStatus{ID: "elsewhere", Healthy: true, Sites: []string{"b"}, Drivers: []string{"ipmi"}})
+	fa.mu.Unlock()
+	ctx := context.Background()
+	t0 := time.Now()
+	s.takeReport(ctx, "ag1", report(obs(n, "on", "ok", t0)))
+	s.takeReport(ctx, "elsewhere", report(obs(n, "off", "unreachable", t0.Add(time.Second))))
+	s.takeReport(ctx, "gone", report(obs(n, "off", "ok", t0.Add(2*time.Second))))
+	if o, _ := fs.st.Observed("n0"); o.Power != "on" || o.Health != "ok" {
+		t.Fatalf("a reading from an agent of another site (or none) was taken: %+v", o)
+	}
+	if len(*events) != 0 {
+		t.Fatalf("events %+v", *events)
+	}
+}
