@@ -15,6 +15,11 @@
 // link ends drops its assignment, so a node is never polled by two agents
 // beyond the moment a reassignment is in flight.
 //
+// Trust: an agent's readings count only for nodes of the sites it serves
+// (those its certificate names); agent-sent text is cleaned (valid UTF-8,
+// no control, bidi or zero-width characters) and clipped before it is
+// stored.
+//
 // Writes: a reading is written (state.PutObserved, batched per report)
 // only when the node's power state, its health or its error class
 // changes. The last contact time is written with those changes; between
