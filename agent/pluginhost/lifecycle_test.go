@@ -116,7 +116,7 @@ func runHost(t *testing.T, cfg Config, log *logRecords) *Host {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { cancel(); recv(t, done, "the host's Run returning") })
 	return h
 }
 
@@ -326,7 +326,7 @@ func TestHost_UpgradeInPlace(t *testing.T) {
 			return b.(sdk.PowerSetter).SetPower(ctx, sdk.PowerOn)
 		})
 	}()
-	<-inflight
+	recv(t, inflight, "the slow call reaching the plugin")
 	script(t, dir, "acme", selfPlugin("mock", "OBMESH_PH_VERSION=2", "OBMESH_PH_NAME=acme"), 0o755)
 	h.Rescan() // SIGHUP
 	d := waitDriver(t, h, "acme", "version 2", func(d DriverInfo, ok bool) bool { return ok && d.Version == "2" && d.Health == HealthOK })
@@ -344,7 +344,7 @@ func TestHost_UpgradeInPlace(t *testing.T) {
 	if syscall.Kill(old.Pid, 0) != nil {
 		t.Fatalf("the old process was stopped with a call in flight")
 	}
-	if err := <-slowErr; err != nil {
+	if err := recv(t, slowErr, "the call in flight during the upgrade"); err != nil {
 		t.Fatalf("the call in flight during the upgrade = %v, want it finished by the old process", err)
 	}
 	waitGone(t, old.Pid)
@@ -427,10 +427,10 @@ func TestHost_PluginDeathIsExplained(t *testing.T) {
 			return b.(sdk.PowerSetter).SetPower(ctx, sdk.PowerOn)
 		})
 	}()
-	<-inflight
+	recv(t, inflight, "the slow call reaching the plugin")
 	d, _ := driver(h, "mock")
 	syscall.Kill(d.Pid, syscall.SIGKILL)
-	err = <-errc
+	err = recv(t, errc, "the call in flight when its plugin was killed")
 	var died *DiedError
 	if !errors.As(err, &died) || sdk.ClassOf(err) != sdk.ClassPlugin || !strings.Contains(err.Error(), "signal: killed") {
 		t.Errorf("call in flight = %v, want a *DiedError with the exit status", err)

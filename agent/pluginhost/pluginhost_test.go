@@ -38,7 +38,7 @@ func newHostCfg(t *testing.T, cfg Config) *Host {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { cancel(); recv(t, done, "the host's Run returning") })
 	rctx, rcancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer rcancel()
 	if err := h.Ready(rctx); err != nil {
@@ -154,7 +154,14 @@ func TestHost_SessionReusedAndSerialized(t *testing.T) {
 	// A caller whose deadline passes while the node is busy gets ErrBusy.
 	started := make(chan struct{})
 	release := make(chan struct{})
-	go h.Do(ctx, "mock", n, func(ctx context.Context, b sdk.BMC) error { close(started); <-release; return nil })
+	go h.Do(ctx, "mock", n, func(ctx context.Context, b sdk.BMC) error {
+		close(started)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	})
 	select {
 	case <-started:
 	case <-time.After(15 * time.Second):
@@ -213,11 +220,14 @@ func TestHost_UnreachableBMCFailsQueuedCallsFast(t *testing.T) {
 	go func() {
 		first <- h.Do(ctx, "mock", dark, func(ctx context.Context, b sdk.BMC) error {
 			close(inFirst)
-			<-release
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
 			return bmc.unreachable(0)(ctx, b)
 		})
 	}()
-	<-inFirst
+	recv(t, inFirst, "the first call reaching the BMC")
 	// 20 more calls queue behind it; each would cost 500ms if it reached
 	// the BMC (10s in all, serialized).
 	const queued = 20
@@ -233,11 +243,11 @@ func TestHost_UnreachableBMCFailsQueuedCallsFast(t *testing.T) {
 	started.Wait()
 	t0 := time.Now()
 	close(release)
-	if err := <-first; sdk.ClassOf(err) != sdk.ClassUnreachable {
+	if err := recv(t, first, "the first call"); sdk.ClassOf(err) != sdk.ClassUnreachable {
 		t.Fatalf("first call = %v, want unreachable", err)
 	}
 	for range queued {
-		err := <-errs
+		err := recv(t, errs, "a queued call")
 		if sdk.ClassOf(err) != sdk.ClassUnreachable || !strings.Contains(err.Error(), "unreachable") || !strings.Contains(err.Error(), "ms ago") {
 			t.Errorf("queued call = %v (class %q), want unreachable saying when it was found so", err, sdk.ClassOf(err))
 		}
