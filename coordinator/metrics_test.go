@@ -90,6 +90,16 @@ func TestMetrics_MemberWithoutLeaderIsNotReady(t *testing.T) {
 			t.Errorf("%s: a member without a group reports leading", base)
 		}
 	}
+	// Liveness is not readiness: the member is alive, it knows no leader.
+	resp, err := http.Get("http://" + srv.HTTPAddr() + "/v1/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var h api.Health
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil || resp.StatusCode != 200 || h.Status != "ok" || h.LeaderKnown {
+		t.Errorf("/v1/health without a leader = %d %+v %v; want 200 ok, leader_known false", resp.StatusCode, h, err)
+	}
 }
 
 // A single member leads: /v1/ready is 200; its Raft metrics show it

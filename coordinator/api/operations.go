@@ -64,13 +64,15 @@ type PowerReading struct {
 	At    time.Time `json:"at"`
 }
 
-// Health is GET /v1/health, served without a token: whether this member is
-// up and part of a group that has a leader.
+// Health is GET /v1/health, served without a token: the member is alive
+// (200 while the process answers; GET /v1/ready says whether it can serve).
 type Health struct {
-	// Status is "ok" (a leader is known) or "no_leader".
+	// Status is "ok".
 	Status string `json:"status"`
 	// Role is "leader" or "follower".
 	Role string `json:"role"`
+	// LeaderKnown says whether this member knows a current leader.
+	LeaderKnown bool `json:"leader_known"`
 }
 
 // BootSetting is a node's boot override as its BMC reports it (GET
@@ -181,8 +183,8 @@ func (c *Client) UpdateNode(ctx context.Context, name string, u NodeUpdate) (Nod
 	return n, err
 }
 
-// Health asks the member whether it is part of a group with a leader. It
-// needs no token; a 503 (no leader) is returned as an *Error.
+// Health asks the member whether it is alive and knows a leader. It needs
+// no token.
 func (c *Client) Health(ctx context.Context) (Health, error) {
 	var h Health
 	err := c.do(ctx, http.MethodGet, "/v1/health", nil, &h)

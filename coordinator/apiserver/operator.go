@@ -99,18 +99,19 @@ func (s *Server) track(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	}
 }
 
-// health answers without a token: 200 when this member is part of a group
-// with a leader, 503 otherwise. It says nothing else (no ids, no version).
+// health answers without a token, 200 while the process answers (a
+// liveness probe: restarting a member because its group lost quorum would
+// not help). It says whether the member knows a leader, and nothing else
+// (no ids, no version); GET /v1/ready is the readiness probe.
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	h := api.Health{Status: "ok", Role: "follower"}
+	h := api.Health{Status: "ok", Role: "follower", LeaderKnown: true}
 	if s.store.IsLeader() {
 		h.Role = "leader"
 	}
-	status := http.StatusOK
 	if _, id := s.store.Leader(); id == "" && !s.store.IsLeader() {
-		h.Status, status = "no_leader", http.StatusServiceUnavailable
+		h.LeaderKnown = false
 	}
-	writeJSON(w, status, h)
+	writeJSON(w, http.StatusOK, h)
 }
 
 // listOperations lists the replicated audit trail (GET /v1/operations),

@@ -237,15 +237,15 @@ func TestAPI_ListOperations(t *testing.T) {
 	}
 }
 
-// GET /v1/health answers without a token and says only whether there is
-// a leader.
+// GET /v1/health answers without a token and says only that the member is
+// alive, its role and whether it knows a leader.
 func TestAPI_HealthNeedsNoToken(t *testing.T) {
 	f := newDoorFixture(t)
 	for _, tok := range []string{"", "wrong"} {
 		st, _, raw := f.do(t, "GET", "/v1/health", "", tok)
 		var h api.Health
 		json.Unmarshal([]byte(raw), &h)
-		if st != 200 || h.Status != "ok" || h.Role != "leader" {
+		if st != 200 || h.Status != "ok" || h.Role != "leader" || !h.LeaderKnown {
 			t.Errorf("token %q: %d %s", tok, st, raw)
 		}
 		if strings.Contains(raw, "c1") {
