@@ -302,6 +302,12 @@ func TestJobCommands(t *testing.T) {
 	if code, _, _ := runJobCLI(t, srv, jobRun{}, "job", "show", testJobID, "-results", "some"); code != 2 {
 		t.Fatalf("bad -results: exit %d", code)
 	}
+	// -detach starts the job, prints its id and does not follow it.
+	a.reqs = nil
+	code, out, _ = runJobCLI(t, srv, jobRun{}, "power", "on", "-all", "-detach")
+	if code != 0 || out != testJobID+"\n" || len(a.reqs) != 1 {
+		t.Fatalf("-detach: exit %d, stdout %q, requests %v", code, out, a.reqs)
+	}
 }
 
 func TestNodeLabel(t *testing.T) {
