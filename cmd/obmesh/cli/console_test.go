@@ -168,3 +168,66 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A console whose connection is lost (1013 from a follower whose leader
+// died) reconnects through the next member, asks for the offset after the
+// last byte it printed in the same session, and prints on, once.
+func TestConsole_ReconnectsFromLastOffset(t *testing.T) {
+	var mu sync.Mutex
+	var queries []string
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		queries = append(queries, r.URL.RawQuery)
+		n := len(queries)
+		mu.Unlock()
+		ctx := r.Context()
+		if n == 1 {
+			ws.Write(ctx, websocket.MessageText, []byte(`{"type":"attach","session":"s1","offset":100,"writer":true}`))
+			ws.Write(ctx, websocket.MessageBinary, []byte("hello\n"))
+			ws.Close(websocket.StatusTryAgainLater, "the leader was lost")
+			return
+		}
+		ws.Write(ctx, websocket.MessageText, []byte(`{"type":"attach","session":"s1","offset":106,"writer":true}`))
+		ws.Write(ctx, websocket.MessageText, []byte(`{"type":"gap","offset":110,"missed":4}`))
+		ws.Write(ctx, websocket.MessageBinary, []byte("world\n"))
+		ws.Close(websocket.StatusNormalClosure, "console ended")
+	})
+	a, b := httptest.NewServer(handler), httptest.NewServer(handler)
+	defer a.Close()
+	defer b.Close()
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	var out, errb syncBuffer
+	env := Env{Stdin: pr, Stdout: &out, Stderr: &errb,
+		Getenv: func(k string) string {
+			return map[string]string{"OBMESH_ADDR": a.URL + "," + b.URL, "OBMESH_TOKEN": "t"}[k]
+		}}
+	codeCh := make(chan int, 1)
+	go func() {
+		codeCh <- (&Command{Subs: Commands()}).Execute(context.Background(), env, []string{"console", "n1", "-ro"})
+	}()
+	// Input from a pipe is read until it ends: end it once all is shown.
+	waitFor(t, func() bool { return strings.Contains(out.String(), "world") })
+	pw.Close()
+	var code int
+	select {
+	case code = <-codeCh:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the console did not end; output %q, stderr %q", out.String(), errb.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if code != 0 || out.String() != "hello\nworld\n" {
+		t.Fatalf("exit %d, output %q; stderr %q", code, out.String(), errb.String())
+	}
+	if len(queries) != 2 || !strings.Contains(queries[1], "from=106") || !strings.Contains(queries[1], "session=s1") || !strings.Contains(queries[1], "ro=1") {
+		t.Fatalf("connections asked %q; the second must continue from 106 of s1, read-only", queries)
+	}
+	if e := errb.String(); !strings.Contains(e, "reconnected") || !strings.Contains(e, "4 bytes of output were missed") {
+		t.Fatalf("stderr %q", e)
+	}
+}
