@@ -78,3 +78,34 @@ func TestNodeList_ShowsObservedState(t *testing.T) {
 		t.Fatalf("show: exit %d\n%s%s", code, out, errs)
 	}
 }
+
+// obmesh status counts nodes by the power sync's power and BMC health.
+func TestStatus_CountsBMCHealth(t *testing.T) {
+	nodes := []api.Node{
+		{Name: "n1", Site: "s1", Observed: &api.Observed{Power: "off", Health: "ok"}},
+		{Name: "n2", Site: "s1", Observed: &api.Observed{Power: "on", Health: "unreachable"}},
+		{Name: "n3", Site: "s1", Power: &api.PowerReading{State: "on"}},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/v1/status":
+			json.NewEncoder(w).Encode(api.Status{ID: "c1", Leader: "c1"})
+		case "/v1/operator/raft/peers":
+			json.NewEncoder(w).Encode([]api.Peer{{ID: "c1", Voter: true, Leader: true, Healthy: true}})
+		case "/v1/agents":
+			json.NewEncoder(w).Encode([]api.Agent{{ID: "a1", Sites: []string{"s1"}, Health: "healthy"}})
+		case "/v1/nodes":
+			json.NewEncoder(w).Encode(nodes)
+		}
+	}))
+	defer srv.Close()
+	code, out, errs := runWith(t, context.Background(), srv.URL, "status")
+	if code != 0 || !strings.Contains(out, "power (last seen by the leader): off 1, on 2;") || !strings.Contains(out, "BMC health: ok 1, unknown 1, unreachable 1") {
+		t.Fatalf("status: exit %d\n%s%s", code, out, errs)
+	}
+	code, out, _ = runWith(t, context.Background(), srv.URL, "status", "-o", "json")
+	if code != 0 || !strings.Contains(out, `"bmc_health"`) {
+		t.Fatalf("status -o json: exit %d\n%s", code, out)
+	}
+}

@@ -196,8 +196,8 @@ func statusCommand() *Command {
 				rows = append(rows, []string{"Nodes:", "unknown: " + errLine(nerr)})
 			} else {
 				s := summarizeNodes(nodes, agents)
-				rows = append(rows, []string{"Nodes:", fmt.Sprintf("%d; power (last seen by the leader): %s; %d on a site no healthy agent serves",
-					s.Total, counts(s.Power), s.Unserved)})
+				rows = append(rows, []string{"Nodes:", fmt.Sprintf("%d; power (last seen by the leader): %s; %d on a site no healthy agent serves; BMC health: %s",
+					s.Total, counts(s.Power), s.Unserved, counts(s.Health))})
 			}
 			table(env.Stdout, "", rows)
 			return nil
@@ -212,6 +212,9 @@ type nodeSummary struct {
 	Power map[string]int `json:"power"`
 	// Unserved counts nodes whose site no healthy agent serves.
 	Unserved int `json:"unserved"`
+	// Health counts the BMC health the power sync recorded ("unknown":
+	// never contacted).
+	Health map[string]int `json:"bmc_health"`
 }
 
 func summarizeNodes(nodes []api.Node, agents []api.Agent) nodeSummary {
@@ -223,12 +226,21 @@ func summarizeNodes(nodes []api.Node, agents []api.Agent) nodeSummary {
 			}
 		}
 	}
-	s := nodeSummary{Total: len(nodes), Power: map[string]int{}}
+	s := nodeSummary{Total: len(nodes), Power: map[string]int{}, Health: map[string]int{}}
 	for _, n := range nodes {
-		st := "unknown"
+		st, h := "unknown", "unknown"
 		if n.Power != nil && n.Power.State != "" {
 			st = n.Power.State
 		}
+		if o := n.Observed; o != nil { // the power sync's reading (node_observed.go)
+			if o.Power != "" {
+				st = o.Power
+			}
+			if o.Health != "" {
+				h = o.Health
+			}
+		}
+		s.Health[h]++
 		s.Power[st]++
 		if !served[n.Site] {
 			s.Unserved++
