@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -27,7 +28,7 @@ import (
 // browserPath finds a Chromium or Chrome. When there is none it runs
 // scripts/install-deps.sh (which installs Debian's chromium as root) and
 // looks again; the test skips only when no browser can be installed.
-func browserPath(t *testing.T) string {
+func browserPath(t testing.TB) string {
 	t.Helper()
 	find := func() string {
 		for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
@@ -50,7 +51,7 @@ func browserPath(t *testing.T) string {
 
 // page is a headless browser tab on the web UI.
 type page struct {
-	t    *testing.T
+	t    testing.TB
 	ctx  context.Context
 	base string
 
@@ -58,7 +59,7 @@ type page struct {
 	problems []string // uncaught exceptions and CSP violations
 }
 
-func newPage(t *testing.T, base string) *page {
+func newPage(t testing.TB, base string) *page {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(browserPath(t)),
@@ -640,4 +641,61 @@ func TestWebUI_ConsoleSurvivesLeaderKill(t *testing.T) {
 		t.Errorf("the page reported lost output or an end:\n%s", got)
 	}
 	pg.checkNoProblems()
+}
+
+// BenchmarkWebUI_ConsoleEcho measures a keystroke's echo in the browser's
+// console: from the page's WebSocket send of a key to the first console
+// message after it, through the whole path (browser, coordinator, agent,
+// ipmi plugin process, RMCP+ SOL to the simulated BMC, and back). It
+// reports the p50 and p99 in milliseconds.
+func BenchmarkWebUI_ConsoleEcho(b *testing.B) {
+	pg := newPage(b, "")
+	stack := StartInProc(b, bin, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sim, err := bmcsim.StartIPMI("bench-node", "127.0.0.1:0", "admin", "webui-bmc-password")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(sim.Close)
+	if _, err := stack.Client().RegisterNode(ctx, api.NodeSpec{Name: sim.Name, Driver: "ipmi", Address: sim.Addr, Username: sim.User, Password: sim.Password}); err != nil {
+		b.Fatal(err)
+	}
+	base := "http://" + stack.Addr
+	pg.do("log in", chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), stack.Token), chromedp.Click(chromedp.CSS(`#login-form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#nodes-body")))
+	// Time each send to the next message, in the page's own clock.
+	pg.do("instrument", chromedp.Evaluate[chromedp.Void](`{
+		window.__lat = []; window.__t0 = 0;
+		const W = window.WebSocket;
+		const Timed = function (...a) {
+			const s = new W(...a);
+			s.addEventListener('message', () => { if (window.__t0) { window.__lat.push(performance.now() - window.__t0); window.__t0 = 0; } });
+			return s;
+		};
+		Timed.prototype = W.prototype;
+		Object.assign(Timed, { CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3 });
+		const send = W.prototype.send;
+		W.prototype.send = function (d) { window.__t0 = performance.now(); return send.call(this, d); };
+		window.WebSocket = Timed;
+	}`))
+	const rows = `(document.querySelector("#terminal .xterm-rows")||{innerText:""}).innerText`
+	pg.do("open the console", chromedp.Navigate(base+"/ui/#console/"+sim.Name))
+	pg.waitJS(30*time.Second, "the banner", rows+fmt.Sprintf(`.includes(%q)`, sim.Name+" login:"))
+	pg.do("focus", chromedp.Focus(chromedp.CSS("#terminal .xterm-helper-textarea")))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		pg.do("type", typeKeys("x"))
+		pg.waitJS(10*time.Second, "the echo", fmt.Sprintf("window.__lat.length > %d", i))
+	}
+	b.StopTimer()
+	lat, err := evalIn[[]float64](pg, "window.__lat")
+	if err != nil || len(lat) < b.N {
+		b.Fatalf("latencies %v: %v", lat, err)
+	}
+	slices.Sort(lat)
+	b.ReportMetric(lat[len(lat)/2], "p50-ms")
+	b.ReportMetric(lat[(len(lat)*99)/100], "p99-ms")
+	b.ReportMetric(0, "ns/op") // the loop's time includes the test's own polling
 }
