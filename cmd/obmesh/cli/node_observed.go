@@ -82,7 +82,8 @@ func observedRows(n api.Node) [][]string {
 	if x := o.External; x != nil {
 		line := fmt.Sprintf("%s -> %s, seen %s", x.From, x.To, stamp(&x.At))
 		if x.PreviousAt != nil {
-			line += fmt.Sprintf(" (was %s at %s)", x.From, stamp(x.PreviousAt))
+			// The change happened between the two readings.
+			line = fmt.Sprintf("%s -> %s, between %s and %s", x.From, x.To, stamp(x.PreviousAt), stamp(&x.At))
 		}
 		rows = append(rows, []string{"Changed outside obmesh:", line})
 	}
