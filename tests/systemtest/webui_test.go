@@ -189,6 +189,29 @@ func (p *page) describe() string {
 	return "--- page:\n" + s + "\n--- problems: " + strings.Join(p.problems, "; ")
 }
 
+// screenshot saves the page as docs/images/NAME when OBMESH_SCREENSHOT=1
+// (so that make test leaves the tree as it was).
+func (p *page) screenshot(name string) {
+	p.t.Helper()
+	if os.Getenv("OBMESH_SCREENSHOT") != "1" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, 20*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	out := filepath.Join(repoRoot(p.t), "docs", "images", name)
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		p.t.Fatal(err)
+	}
+	if err := os.WriteFile(out, png, 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+	p.t.Logf("wrote %s (%d bytes)", out, len(png))
+}
+
 func (p *page) checkNoProblems() {
 	p.t.Helper()
 	p.mu.Lock()
@@ -346,23 +369,8 @@ func TestWebUI_InABrowser(t *testing.T) {
 		pg.t = t
 		powerFromPage(t, "off", false)
 		powerFromPage(t, "on", true)
-		if os.Getenv("OBMESH_SCREENSHOT") == "1" {
-			// The README's picture: the nodes with the receipt of the power on.
-			shotCtx, cancel := context.WithTimeout(pg.ctx, 20*time.Second)
-			defer cancel()
-			png, err := chromedp.Run(shotCtx, chromedp.FullScreenshot(100))
-			if err != nil {
-				t.Fatal(err)
-			}
-			out := filepath.Join(repoRoot(t), "docs", "images", "webui.png")
-			if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(out, png, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("wrote %s (%d bytes)", out, len(png))
-		}
+		// The README's picture: the nodes with the receipt of the power on.
+		pg.screenshot("webui.png")
 	})
 
 	t.Run("a failed operation shows its receipt", func(t *testing.T) {
@@ -434,6 +442,7 @@ func TestWebUI_InABrowser(t *testing.T) {
 		if st := pg.text("#console-status"); !strings.Contains(st, "connected") || !strings.Contains(st, "keyboard") {
 			t.Errorf("console status %q, want connected with the keyboard", st)
 		}
+		pg.screenshot("webui-console.png")
 	})
 
 	const rows = `(document.querySelector("#terminal .xterm-rows")||{innerText:""}).innerText`
