@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/obmesh/obmesh/plugins/sdk"
+	"github.com/obmesh/obmesh/plugins/sdk/sdktest"
 )
 
 // How the end of a plugin start is recorded: a failure counts, backs off
@@ -147,6 +148,48 @@ func TestStarted_ForARemovedPluginServesNothing(t *testing.T) {
 			p.started(ch, startMock(t), nil)
 			if p.cur != nil || len(p.draining) != 1 || p.starting != nil {
 				t.Fatalf("cur %v draining %d starting %v; want the new process retired", p.cur, len(p.draining), p.starting)
+			}
+		})
+	}
+}
+
+// A start that ends after the plugin's file changed (stale) starts the new
+// file at once, without a backoff, whatever became of the old one; unless
+// the file is now gone or not executable.
+func TestStarted_StaleStartStartsTheNewFileAtOnce(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		set       func(*plugin)
+		wantStart bool
+	}{
+		{"changed", func(*plugin) {}, true},
+		{"changed, then removed", func(p *plugin) { p.removed = true }, false},
+		{"changed, then made not executable", func(p *plugin) { p.notExec = "x is not executable" }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := New(Config{RestartBackoff: time.Hour}, slog.New(&logRecords{}))
+			t.Cleanup(h.stopAll)
+			p := h.newPlugin("mock", sourceBuiltin, sdktest.SelfCommand)
+			h.mu.Lock()
+			h.plugins["mock"] = p
+			h.mu.Unlock()
+			c.set(p)
+			ch := make(chan struct{})
+			p.mu.Lock()
+			p.starting, p.stale = ch, true
+			p.mu.Unlock()
+			p.started(ch, nil, errors.New("the old file failed"))
+			p.mu.Lock()
+			starting, failures, nextStart := p.starting != nil, p.failures, p.nextStart
+			p.mu.Unlock()
+			if starting != c.wantStart {
+				t.Fatalf("a new start: %v, want %v", starting, c.wantStart)
+			}
+			if c.wantStart && (failures != 0 || !nextStart.IsZero()) {
+				t.Errorf("the new file's start is held back: failures %d, next start %v", failures, nextStart)
+			}
+			if !c.wantStart && failures != 1 {
+				t.Errorf("failures = %d, want the failed start counted", failures)
 			}
 		})
 	}
