@@ -75,7 +75,7 @@ proto: ## regenerate protobuf code (needs protoc; installs the Go generators)
 		coordinator/cluster/clusterpb/cluster.proto
 
 bench: ## run the benchmarks (latency through the whole path vs in-process)
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./tests/systemtest/ ./plugins/... ./agent/relay/ ./coordinator/events/ ./agent/powersync/ ./coordinator/observe/
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./tests/systemtest/ ./plugins/... ./agent/relay/ ./coordinator/events/ ./agent/powersync/ ./coordinator/observe/ ./tests/bmcsim/ ./coordinator/ops/
 
 # Fuzz targets as package:Target. Their seed corpora (f.Add and testdata/fuzz)
 # run as ordinary tests; make test also fuzzes each for FUZZTIME_SHORT.
