@@ -2,6 +2,7 @@ package systemtest
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -298,6 +299,60 @@ func TestWebUI_InABrowser(t *testing.T) {
 		parts := strings.Split(where, "|")
 		if strings.Contains(parts[0]+parts[1]+parts[2], stack.Token) || parts[3] != stack.Token {
 			t.Errorf("token storage: url %q cookie %q localStorage %q, session has it: %v", parts[0], parts[1], parts[2], parts[3] == stack.Token)
+		}
+	})
+
+	t.Run("page logic", func(t *testing.T) {
+		pg.t = t
+		// The page's own functions, run in the browser on node records
+		// with and without the fields other releases may lack.
+		type result struct {
+			Power, PowerExternal, Health, HealthDetail, Labels string
+			Matches                                            []bool
+			Token                                              string
+		}
+		const tok = "tøken+/=with spaces"
+		expr := fmt.Sprintf(`(async () => {
+			const m = await import("/ui/app.js");
+			const c = await import("/ui/client.js");
+			const bare = {name: "n1", driver: "ipmi", site: "s"};
+			const both = {name: "n2", driver: "ipmi", site: "s", labels: {rack: "r12", role: "compute"},
+				power: {state: "on", at: "2026-01-01T00:00:02Z"},
+				observed: {power: "off", last_read: "2026-01-01T00:00:01Z", power_cause: "external",
+					health: "unreachable", error_class: "timeout", error: "no answer", failures: 3}};
+			const newer = {...both, observed: {...both.observed, last_read: "2026-01-01T00:00:03Z"}};
+			const p = m.powerOf(newer), h = m.healthOf(both);
+			return {
+				Power: [m.powerOf(bare), m.powerOf(both).state, p.state].map((x) => x === null ? "none" : x).join(","),
+				PowerExternal: String(p.external), Health: [m.healthOf(bare), h.status].map((x) => x === null ? "none" : x).join(","),
+				HealthDetail: h.detail, Labels: m.labelsOf(both).join(" ") + "|" + m.labelsOf(bare).length,
+				Matches: [m.matches(both, "rack=r12 unreachable"), m.matches(both, "RACK=R12"), m.matches(both, "rack=r1 n3"),
+					m.matches(bare, ""), m.matches(bare, "  "), m.matches(both, "on"), m.matches(both, "off")],
+				Token: c.protocolToken(%q),
+			};
+		})()`, tok)
+		ectx, cancel := context.WithTimeout(pg.ctx, 10*time.Second)
+		defer cancel()
+		r, err := chromedp.Run(ectx, chromedp.Evaluate[result](expr, chromedp.EvalAwaitPromise))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// No power or health: shown as absent; the newer of the two
+		// readings wins; an external change is flagged.
+		if r.Power != "none,on,off" || r.PowerExternal != "true" {
+			t.Errorf("powerOf: %q external %q, want none,on,off and true", r.Power, r.PowerExternal)
+		}
+		if r.Health != "none,unreachable" || r.HealthDetail != "timeout: no answer (3 failed contacts)" {
+			t.Errorf("healthOf: %q %q", r.Health, r.HealthDetail)
+		}
+		if r.Labels != "rack=r12 role=compute|0" {
+			t.Errorf("labelsOf: %q", r.Labels)
+		}
+		if want := []bool{true, true, false, true, true, true, false}; !slices.Equal(r.Matches, want) {
+			t.Errorf("matches: %v, want %v", r.Matches, want)
+		}
+		if want := api.TokenSubprotocolPrefix + base64.RawURLEncoding.EncodeToString([]byte(tok)); r.Token != want {
+			t.Errorf("protocolToken = %q, want %q (what the server decodes)", r.Token, want)
 		}
 	})
 
