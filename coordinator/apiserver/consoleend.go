@@ -527,6 +527,9 @@ func (t *tunnelWriter) WriteHeader(code int) {
 	}
 	t.wroteHead = true
 	if code != http.StatusOK {
+		// Refused: no input will follow (the forward stream's body pump
+		// waits for its end).
+		t.inW.Close()
 		for k, vs := range t.header {
 			for _, v := range vs {
 				t.w.Header().Add(k, v)
