@@ -562,6 +562,19 @@ func TestWebUI_InABrowser(t *testing.T) {
 		pg.do("untick read-only", chromedp.Click(chromedp.CSS("#console-ro")))
 	})
 
+	t.Run("log out", func(t *testing.T) {
+		pg.t = t
+		pg.do("log out", chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#token")))
+		if s, _ := evalIn[string](pg, `sessionStorage.getItem("obmesh.token")||""`); s != "" {
+			t.Errorf("the token is still kept after logging out")
+		}
+		if got, _ := evalIn[string](pg, `document.querySelector("#terminal").innerText`); got != "" {
+			t.Errorf("the console is still open after logging out: %q", got)
+		}
+		// A page opened afterwards asks for the token again.
+		pg.do("reload", chromedp.Navigate(base+"/ui/#nodes"), chromedp.WaitVisible(chromedp.CSS("#token")))
+	})
+
 	pg.t = t
 	pg.checkNoProblems()
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
