@@ -297,10 +297,17 @@ func TestPowerSync_AgentAndLeaderFailover(t *testing.T) {
 	l := g.Leader(30 * time.Second)
 	cl := g.Client(l)
 	var names []string
+	senders := map[string]*bmcsim.Senders{}
 	for i := range 10 {
 		n := fmt.Sprintf("fo-%d", i)
 		names = append(names, n)
-		registerIPMI(t, cl, n, startIPMISim(t, n, "127.0.0.1:0").Addr)
+		sim, s, err := bmcsim.StartIPMICounted(n, "127.0.0.1:0", "admin", "pw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(sim.Close)
+		senders[n] = s
+		registerIPMI(t, cl, n, sim.Addr)
 	}
 	observed := func(c *api.Client) map[string]api.Observed {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -335,6 +342,25 @@ func TestPowerSync_AgentAndLeaderFailover(t *testing.T) {
 	}
 	if byAgent["a1"] == 0 || byAgent["a2"] == 0 || byAgent["a1"]+byAgent["a2"] != 10 {
 		t.Fatalf("readers %v: want the ten nodes shared by both agents", byAgent)
+	}
+	// No BMC is polled by both agents: over several intervals without
+	// operations, each simulator hears from one client only (each agent's
+	// plugin talks to a BMC from its own socket).
+	first := map[string]map[string]int{}
+	for n, s := range senders {
+		first[n] = s.Snapshot()
+	}
+	time.Sleep(5 * interval) // a window of reads to observe, not a synchronisation
+	for n, s := range senders {
+		var active []string
+		for addr, c := range s.Snapshot() {
+			if c > first[n][addr] {
+				active = append(active, addr)
+			}
+		}
+		if len(active) != 1 {
+			t.Errorf("BMC %s heard from %d clients over %v (%v): want exactly one agent reading it", n, len(active), 5*interval, active)
+		}
 	}
 
 	// Agent a1 dies: a2 reads every node.
