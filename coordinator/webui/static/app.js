@@ -106,9 +106,20 @@ function show(view) {
   $('nav').hidden = $('logout').hidden = view === 'login';
 }
 
+let routeGen = 0; // the latest route() call: an older one that was waiting stops
+
+function decode(s) {
+  try {
+    return decodeURIComponent(s || '');
+  } catch {
+    return '';
+  }
+}
+
 async function route() {
+  const gen = ++routeGen;
   showError('');
-  const [view, arg] = decodeURIComponent(location.hash.slice(1)).split('/', 2);
+  const [view, arg] = location.hash.slice(1).split('/', 2).map(decode);
   if (view !== 'console' && closeConsole) {
     closeConsole();
     closeConsole = null;
@@ -127,6 +138,7 @@ async function route() {
     return;
   }
   await refresh();
+  if (gen !== routeGen) return; // another view was opened meanwhile
   // The open view refreshes itself while the tab is visible.
   refreshTimer = setInterval(() => { if (!document.hidden) refresh(); }, 10000);
 }
