@@ -27,9 +27,10 @@ goes to the node. At the start of a line, ~. leaves, ~? lists the escapes,
 ends when the node's side does, or on Ctrl-C.
 
 When the connection is lost (a coordinator dies, the leader changes) the
-console reconnects through any member (-addr may list several, comma-
-separated) and continues from the last byte it printed; output it could not
-get back is reported as missed.
+console reconnects through any member (those -addr lists, comma-separated,
+and the group's other members as the first one names them) and continues
+from the last byte it printed; output it could not get back is reported as
+missed.
 
 obmesh console log NODE [-tail N] [-follow] prints the node's console log
 kept on its agent's disk (logging is on for nodes with the option or label
@@ -93,6 +94,10 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 	if err != nil {
 		return reportError(env, "table", err)
 	}
+	// The group's other members, to reconnect through if this one goes.
+	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+	members = f.withPeers(pctx, members)
+	pcancel()
 
 	if raw {
 		old, err := term.MakeRaw(int(stdinFile.Fd()))
@@ -239,6 +244,44 @@ func dialConsole(ctx context.Context, members []*api.Client, i int, node string,
 		}
 	}
 	return nil, err
+}
+
+// withPeers adds a client for each group member (GET
+// /v1/operator/raft/peers, asked of the first member that answers) that
+// members does not have yet.
+func (f *clientFlags) withPeers(ctx context.Context, members []*api.Client) []*api.Client {
+	scheme := ""
+	if s, _, ok := strings.Cut(f.addr, "://"); ok {
+		scheme = s + "://"
+	}
+	have := map[string]bool{}
+	for a := range strings.SplitSeq(f.addr, ",") {
+		a = strings.TrimSpace(a)
+		_, hostport, ok := strings.Cut(a, "://")
+		if !ok {
+			hostport = a
+		}
+		have[strings.TrimSuffix(hostport, "/")] = true
+	}
+	for _, m := range members {
+		peers, err := m.Peers(ctx)
+		if err != nil {
+			continue
+		}
+		for _, p := range peers {
+			if p.APIAddr == "" || have[p.APIAddr] {
+				continue
+			}
+			have[p.APIAddr] = true
+			g := *f
+			g.addr = scheme + p.APIAddr
+			if c, err := g.client(); err == nil {
+				members = append(members, c)
+			}
+		}
+		break
+	}
+	return members
 }
 
 // members returns a client per address in -addr (comma-separated).
