@@ -479,6 +479,10 @@ func TestWebUI_InABrowser(t *testing.T) {
 		if row := pg.text(fmt.Sprintf(`tr[data-receipt=%q]`, last.ID)); !strings.Contains(row, node) || !strings.Contains(row, "ok") {
 			t.Errorf("operations row %q", row)
 		}
+		pg.do("open a receipt", chromedp.Click(chromedp.CSS(fmt.Sprintf(`tr[data-receipt=%q]`, last.ID))), chromedp.WaitVisible(chromedp.CSS("#op-detail")))
+		if d := pg.text("#op-detail-body"); !strings.Contains(d, last.ID) || !strings.Contains(d, "Timings") || !strings.Contains(d, last.Agent) {
+			t.Errorf("the receipt of %s shows %q", last.ID, d)
+		}
 		pg.do("agents", chromedp.Navigate(base+"/ui/#agents"))
 		pg.waitJS(10*time.Second, "the agent, healthy", `(document.querySelector("#agents-body tr[data-agent]")||{innerText:""}).innerText.includes("healthy")`)
 		pg.do("coordinators", chromedp.Navigate(base+"/ui/#cluster"))

@@ -298,7 +298,9 @@ function receiptView(what, node, r, err) {
     add('Detail', r.detail);
     add('Agent', r.agent && `${r.agent} (site ${r.site || dash})`);
     add('Timings', (r.timings || []).map((t) => `${t.hop} ${t.duration_ms.toFixed(1)} ms`).join(' · '));
+    add('Observed', (r.observed || []).map((o) => `${o.state} at ${clock(o.at)}`).join(' → '));
     add('Error', r.error && `${r.error_class}: ${r.error}`);
+    add('Started', r.started_at && clock(r.started_at));
   }
   if (err && !(r && r.error)) add('Error', `${err.code || ''} ${err.message}`.trim());
   return el('dl', { class: 'receipt', dataset: { outcome } }, rows);
@@ -314,7 +316,11 @@ async function loadOperations() {
     return b > a ? `${((b - a) / 1000).toFixed(2)} s` : dash;
   };
   const body = $('ops-body');
-  body.replaceChildren(...ops.map((r) => el('tr', { dataset: { receipt: r.id } },
+  const show = (r) => {
+    $('op-detail').hidden = false;
+    $('op-detail-body').replaceChildren(receiptView(r.action, r.node, r, null));
+  };
+  body.replaceChildren(...ops.map((r) => el('tr', { class: 'clickable', title: 'Show the whole receipt', dataset: { receipt: r.id }, onclick: () => show(r) },
     el('td', {}, clock(r.started_at)),
     el('td', {}, el('code', {}, r.id)),
     el('td', {}, r.node),
