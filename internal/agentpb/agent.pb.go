@@ -3451,9 +3451,13 @@ func (x *RelayEvent) GetTimestamp() string {
 // stops the agent's power sync. Passwords are plaintext inside the link's
 // TLS, as in an Operation.
 type PowerSyncAssignment struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
-	Targets       []*PowerSyncTarget     `protobuf:"bytes,2,rep,name=targets,proto3" json:"targets,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Version uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Targets []*PowerSyncTarget     `protobuf:"bytes,2,rep,name=targets,proto3" json:"targets,omitempty"`
+	// site_agents is, per site of the targets, how many agents share its
+	// nodes: each takes that fraction of the site's rate limit, so the limit
+	// holds for the site as a whole.
+	SiteAgents    map[string]uint32 `protobuf:"bytes,3,rep,name=site_agents,json=siteAgents,proto3" json:"site_agents,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3498,6 +3502,13 @@ func (x *PowerSyncAssignment) GetVersion() uint64 {
 func (x *PowerSyncAssignment) GetTargets() []*PowerSyncTarget {
 	if x != nil {
 		return x.Targets
+	}
+	return nil
+}
+
+func (x *PowerSyncAssignment) GetSiteAgents() map[string]uint32 {
+	if x != nil {
+		return x.SiteAgents
 	}
 	return nil
 }
@@ -4055,10 +4066,15 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	" \x01(\tR\bseverity\x12\x18\n" +
 	"\amessage\x18\v \x01(\tR\amessage\x12\x16\n" +
 	"\x06origin\x18\f \x01(\tR\x06origin\x12\x1c\n" +
-	"\ttimestamp\x18\r \x01(\tR\ttimestamp\"k\n" +
+	"\ttimestamp\x18\r \x01(\tR\ttimestamp\"\x81\x02\n" +
 	"\x13PowerSyncAssignment\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12:\n" +
-	"\atargets\x18\x02 \x03(\v2 .obmesh.agent.v1.PowerSyncTargetR\atargets\"T\n" +
+	"\atargets\x18\x02 \x03(\v2 .obmesh.agent.v1.PowerSyncTargetR\atargets\x12U\n" +
+	"\vsite_agents\x18\x03 \x03(\v24.obmesh.agent.v1.PowerSyncAssignment.SiteAgentsEntryR\n" +
+	"siteAgents\x1a=\n" +
+	"\x0fSiteAgentsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"T\n" +
 	"\x0fPowerSyncTarget\x12)\n" +
 	"\x04node\x18\x01 \x01(\v2\x15.obmesh.agent.v1.NodeR\x04node\x12\x16\n" +
 	"\x06health\x18\x02 \x01(\tR\x06health\"W\n" +
@@ -4096,7 +4112,7 @@ func file_internal_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_internal_agentpb_agent_proto_rawDescData
 }
 
-var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_internal_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_internal_agentpb_agent_proto_goTypes = []any{
 	(*ConsoleFrame)(nil),         // 0: obmesh.agent.v1.ConsoleFrame
 	(*ConsoleRequest)(nil),       // 1: obmesh.agent.v1.ConsoleRequest
@@ -4144,6 +4160,7 @@ var file_internal_agentpb_agent_proto_goTypes = []any{
 	nil,                          // 43: obmesh.agent.v1.OperationResult.IdentityEntry
 	nil,                          // 44: obmesh.agent.v1.EventSpec.HeadersEntry
 	nil,                          // 45: obmesh.agent.v1.RelaySubscriber.HeadersEntry
+	nil,                          // 46: obmesh.agent.v1.PowerSyncAssignment.SiteAgentsEntry
 }
 var file_internal_agentpb_agent_proto_depIdxs = []int32{
 	4,  // 0: obmesh.agent.v1.AgentMessage.hello:type_name -> obmesh.agent.v1.Hello
@@ -4190,17 +4207,18 @@ var file_internal_agentpb_agent_proto_depIdxs = []int32{
 	35, // 41: obmesh.agent.v1.RelayReport.nodes:type_name -> obmesh.agent.v1.RelayNodeStats
 	36, // 42: obmesh.agent.v1.RelayReport.notices:type_name -> obmesh.agent.v1.RelayNotice
 	39, // 43: obmesh.agent.v1.PowerSyncAssignment.targets:type_name -> obmesh.agent.v1.PowerSyncTarget
-	11, // 44: obmesh.agent.v1.PowerSyncTarget.node:type_name -> obmesh.agent.v1.Node
-	41, // 45: obmesh.agent.v1.PowerSyncReport.observations:type_name -> obmesh.agent.v1.NodeObservation
-	2,  // 46: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
-	0,  // 47: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
-	3,  // 48: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
-	0,  // 49: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
-	48, // [48:50] is the sub-list for method output_type
-	46, // [46:48] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	46, // 44: obmesh.agent.v1.PowerSyncAssignment.site_agents:type_name -> obmesh.agent.v1.PowerSyncAssignment.SiteAgentsEntry
+	11, // 45: obmesh.agent.v1.PowerSyncTarget.node:type_name -> obmesh.agent.v1.Node
+	41, // 46: obmesh.agent.v1.PowerSyncReport.observations:type_name -> obmesh.agent.v1.NodeObservation
+	2,  // 47: obmesh.agent.v1.AgentLink.Connect:input_type -> obmesh.agent.v1.AgentMessage
+	0,  // 48: obmesh.agent.v1.AgentLink.Console:input_type -> obmesh.agent.v1.ConsoleFrame
+	3,  // 49: obmesh.agent.v1.AgentLink.Connect:output_type -> obmesh.agent.v1.CoordinatorMessage
+	0,  // 50: obmesh.agent.v1.AgentLink.Console:output_type -> obmesh.agent.v1.ConsoleFrame
+	49, // [49:51] is the sub-list for method output_type
+	47, // [47:49] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_internal_agentpb_agent_proto_init() }
@@ -4235,7 +4253,7 @@ func file_internal_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_agentpb_agent_proto_rawDesc), len(file_internal_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   46,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
