@@ -24,8 +24,9 @@ type PowerSyncConfig struct {
 	Disabled bool `toml:"disabled"`
 	// Interval between two reads of a node (jittered ±10%); zero means 60s.
 	Interval config.Duration `toml:"interval"`
-	// Rate is the most power reads a second this agent starts per site,
-	// Burst how many at once; zero means 50 and 1 + rate/10.
+	// Rate is the most power reads a second started per site, Burst how
+	// many at once; zero means 50 and 1 + rate/10. The site's agents split
+	// them (the leader tells each how many share the site).
 	Rate  float64 `toml:"rate"`
 	Burst int     `toml:"burst"`
 	// Timeout bounds one read; zero means 10s.
@@ -111,8 +112,13 @@ func (a *Agent) assignSync(m *agentpb.PowerSyncAssignment) {
 		ts = append(ts, powersync.Target{Driver: pn.Driver, Site: pn.Site, Health: t.Health,
 			Node: sdk.Node{Name: pn.Name, Key: pn.Key, Address: pn.Address, Username: pn.Username, Password: sdk.Secret(pn.Password), Options: pn.Options}})
 	}
+	shares := make(map[string]int, len(m.SiteAgents))
+	for site, n := range m.SiteAgents {
+		shares[site] = int(n)
+	}
+	a.psync.SetShares(shares)
 	a.psync.Assign(ts)
-	a.logger.Info("power sync assignment", "version", m.Version, "nodes", len(ts))
+	a.logger.Info("power sync assignment", "version", m.Version, "nodes", len(ts), "site_agents", shares)
 }
 
 // syncContact tells the power sync that an operation reached a node's BMC.

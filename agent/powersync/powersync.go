@@ -207,6 +207,7 @@ type Syncer struct {
 	nodes   map[string]*node
 	queues  [2]nodeHeap // nodes waiting for their read: healthy, and those whose last contact failed
 	limits  map[string]*limiter
+	shares  map[string]int // agents sharing each site's nodes (SetShares)
 	pending map[string]Observation
 	kick    chan struct{} // capacity 1: the schedule changed
 	ready   chan struct{} // capacity 1: pending has observations
@@ -294,6 +295,33 @@ func (s *Syncer) signal(ch chan struct{}) {
 	case ch <- struct{}{}:
 	default:
 	}
+}
+
+// SetShares says how many agents share each site's nodes: this agent
+// takes 1/n of the site's rate and burst (at least one read), so the rate
+// limit holds for the site as a whole. Sites not named count one.
+func (s *Syncer) SetShares(shares map[string]int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for site := range s.limits {
+		if max(shares[site], 1) != max(s.shares[site], 1) {
+			delete(s.limits, site) // rebuilt with the new share
+		}
+	}
+	s.shares = shares
+}
+
+// limitFor is site's rate limiter (callers hold s.mu).
+func (s *Syncer) limitFor(site string, now time.Time) *limiter {
+	lim := s.limits[site]
+	if lim == nil {
+		st := s.cfg.site(site)
+		n := float64(max(s.shares[site], 1))
+		rate, burst := st.Rate/n, max(float64(st.Burst)/n, 1)
+		lim = &limiter{rate: rate, burst: burst, tokens: burst, last: now}
+		s.limits[site] = lim
+	}
+	return lim
 }
 
 // Ready is signalled when Drain has observations to return.
@@ -493,14 +521,8 @@ func (s *Syncer) dispatch(now time.Time, healthy, quarantine chan job) time.Dura
 				break
 			}
 			if !n.slot {
-				lim := s.limits[n.t.Site]
-				if lim == nil {
-					st := s.cfg.site(n.t.Site)
-					lim = &limiter{rate: st.Rate, burst: float64(st.Burst), tokens: float64(st.Burst), last: now}
-					s.limits[n.t.Site] = lim
-				}
 				n.slot = true
-				if at := lim.reserve(now); at.After(now) {
+				if at := s.limitFor(n.t.Site, now).reserve(now); at.After(now) {
 					heap.Pop(q)
 					n.due = at
 					s.push(n)

@@ -354,3 +354,33 @@ func TestSyncer_OperationsComeFirst(t *testing.T) {
 	s.OpEnd("a")
 	collect(t, s, 5*time.Second, func(m map[string]Observation) bool { return m["a"].Power == "on" && m["a"].Health == HealthOK })
 }
+
+// With the site shared by two agents, this one takes half its rate.
+func TestSyncer_RateLimitSharedBetweenAgents(t *testing.T) {
+	f := newFake()
+	var names []string
+	for i := range 40 {
+		names = append(names, fmt.Sprintf("n-%d", i))
+	}
+	s := start(t, Config{Default: Settings{Interval: 5 * time.Millisecond}, Sites: map[string]Settings{"s": {Rate: 60, Burst: 4}}}, f)
+	s.SetShares(map[string]int{"s": 2})
+	s.Assign(targets(names...))
+	time.Sleep(100 * time.Millisecond) // the burst and the first reads
+	count := func() int {
+		c := 0
+		for _, n := range names {
+			c += len(f.readTimes(n))
+		}
+		return c
+	}
+	c0, t0 := count(), time.Now()
+	time.Sleep(time.Second)
+	c1, el := count(), time.Since(t0)
+	// The site allows 60 a second; this agent's half is 30 (burst 2).
+	if max := int(30*el.Seconds()) + 2 + 2; c1-c0 > max {
+		t.Fatalf("%d reads in %v, this agent's share of the limit allows %d", c1-c0, el, max)
+	}
+	if c1-c0 < 10 {
+		t.Fatalf("only %d reads in %v under a share of 30/s", c1-c0, el)
+	}
+}

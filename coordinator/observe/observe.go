@@ -323,6 +323,21 @@ func agentsKey(agents []agentsvc.AgentStatus) uint64 {
 	return h.Sum64()
 }
 
+// shareCounts counts, per site, the agents that sync some of its nodes.
+func shareCounts(own map[string][]state.NodeRef) map[string]int {
+	out := map[string]int{}
+	for _, refs := range own {
+		seen := map[string]bool{}
+		for _, r := range refs {
+			if !seen[r.Site] {
+				seen[r.Site] = true
+				out[r.Site]++
+			}
+		}
+	}
+	return out
+}
+
 // reshare recomputes the shares and kicks the agents whose share changed.
 // It does nothing when neither the state nor the agents moved since the
 // last time (the common case: a tick with nothing new).
@@ -336,15 +351,22 @@ func (s *Service) reshare() {
 		return
 	}
 	own := s.owners()
+	siteAgents := shareCounts(own)
 	fps := make(map[string]uint64, len(own))
 	for id, nodes := range own {
 		h := fnv.New64a()
 		var b [16]byte
+		last := ""
 		for _, n := range nodes {
 			h.Write([]byte(n.Name))
 			binary.LittleEndian.PutUint64(b[:8], n.CreateIndex)
 			binary.LittleEndian.PutUint64(b[8:], n.ModifyIndex)
 			h.Write(b[:])
+			if n.Site != last { // how many share the site is part of the assignment
+				last = n.Site
+				binary.LittleEndian.PutUint64(b[:8], uint64(siteAgents[n.Site]))
+				h.Write(b[:8])
+			}
 		}
 		fps[id] = h.Sum64()
 	}
@@ -374,8 +396,15 @@ func (s *Service) Assignment(agentID string, _ []string) (*agentpb.PowerSyncAssi
 		return nil, nil
 	}
 	st := s.store.State()
-	a := &agentpb.PowerSyncAssignment{Version: s.version.Add(1)}
-	for _, ref := range s.owners()[agentID] {
+	own := s.owners()
+	siteAgents := shareCounts(own)
+	a := &agentpb.PowerSyncAssignment{Version: s.version.Add(1), SiteAgents: map[string]uint32{}}
+	for _, ref := range own[agentID] {
+		// How many agents share each of its sites: each takes that
+		// fraction of the site's rate limit.
+		a.SiteAgents[ref.Site] = uint32(siteAgents[ref.Site])
+	}
+	for _, ref := range own[agentID] {
 		n, ok := st.Node(ref.Name)
 		if !ok {
 			continue

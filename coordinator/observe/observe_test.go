@@ -126,6 +126,9 @@ func TestAssignment_EachNodeToExactlyOneAgent(t *testing.T) {
 	if per["ag1"] == 0 || per["ag2"] == 0 {
 		t.Fatalf("shares %v: one agent got everything", per)
 	}
+	if a, _ := s.Assignment("ag1", nil); a.SiteAgents["a"] != 2 || len(a.SiteAgents) != 1 {
+		t.Fatalf("site_agents %v, want site a shared by 2", a.SiteAgents)
+	}
 	// Failover: ag2 lost, ag1 takes every node; the change kicks both.
 	s.reshare()
 	fa.mu.Lock()
