@@ -775,6 +775,9 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 	if isRelayAction(op.Action) {
 		return a.executeRelay(op, start)
 	}
+	if op.Action == "console_keep" {
+		return a.consoleKeep(ctx, op, start) // console.go
+	}
 	pn := op.GetNode()
 	if pn == nil {
 		return result(op.Id, start, 0, sdk.Errorf(sdk.ClassInvalid, "operation without a node"), nil)

@@ -155,3 +155,21 @@ func (a *Agent) console(openCtx, linkCtx context.Context, cc *grpc.ClientConn, o
 
 // maxLogTail bounds the log tail one console_log sends.
 const maxLogTail = 4 << 20
+
+// consoleKeep serves a console_keep operation: with ConsoleRequest.log the
+// node's session is opened (if it is not) and logged with no viewer;
+// without, its logging stops (an unwatched session then closes).
+func (a *Agent) consoleKeep(ctx context.Context, op *agentpb.Operation, start time.Time) *agentpb.AgentMessage {
+	pn := op.GetNode()
+	if pn == nil {
+		return result(op.Id, start, 0, sdk.Errorf(sdk.ClassInvalid, "operation without a node"), nil)
+	}
+	n := sdk.Node{Name: pn.Name, Key: pn.Key, Address: pn.Address, Username: pn.Username, Password: sdk.Secret(pn.Password), Options: pn.Options}
+	r := consoles.Request{Node: pn.Name, Key: pn.Key, Paced: a.consoles.Config().Paced(pn.Driver),
+		Open: func(ctx context.Context) (io.ReadWriteCloser, error) { return a.host.OpenConsole(ctx, pn.Driver, n) }}
+	err := a.consoles.Keep(ctx, r, op.GetConsole().GetLog())
+	if errors.Is(err, consoles.ErrNoLogDir) {
+		err = sdk.Errorf(sdk.ClassUnsupported, "%v", err)
+	}
+	return result(op.Id, start, time.Since(start), scrub(err, pn.Password), nil)
+}

@@ -299,6 +299,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		}
 	})
 	wg.Go(func() { evs.Run(wctx) })
+	wg.Go(func() { newConsoleKeeper(st, runner, s.logger).run(wctx) }) // consolekeeper.go
 	wg.Go(func() { jobSvc.Run(wctx) })
 	wg.Go(func() { obs.Run(wctx) })
 	if monSrv != nil {

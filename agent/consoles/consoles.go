@@ -304,6 +304,64 @@ func (m *Manager) session(ctx context.Context, r Request) (*session, error) {
 	return ns, nil
 }
 
+// Keep opens the node's session (bounded by ctx) if it is not open and
+// turns logging on for it (on=true): a logging session stays open with no
+// viewer. With on=false it turns logging off; a session with no viewer then
+// lingers and closes. It fails with ErrNoLogDir when logging is not
+// configured.
+func (m *Manager) Keep(ctx context.Context, r Request, on bool) error {
+	if m.cfg.LogDir == "" {
+		return ErrNoLogDir
+	}
+	if !on {
+		m.mu.Lock()
+		s := m.sessions[r.Node]
+		m.mu.Unlock()
+		if s != nil {
+			s.disableLog()
+		}
+		return nil
+	}
+	r.Log = true
+	s, err := m.session(ctx, r)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	logging := s.log != nil
+	s.mu.Unlock()
+	if !logging {
+		return fmt.Errorf("console: the log of node %s could not be opened (see the agent's log)", r.Node)
+	}
+	return nil
+}
+
+// ErrNoLogDir: console logging is not configured (consoles.log_dir).
+var ErrNoLogDir = errors.New("console logging is not configured on this agent (consoles.log_dir)")
+
+// disableLog stops logging; an unwatched session starts its linger.
+func (s *session) disableLog() {
+	s.mu.Lock()
+	if s.log == nil || s.m.cfg.LogAll {
+		s.mu.Unlock()
+		return
+	}
+	s.log.close()
+	s.log = nil
+	endNow := false
+	if s.attached == 0 && !s.ended {
+		if d := s.m.cfg.Linger.D(); d > 0 {
+			s.linger = time.AfterFunc(d, s.lingerEnd)
+		} else {
+			endNow = true
+		}
+	}
+	s.mu.Unlock()
+	if endNow {
+		s.end(io.EOF)
+	}
+}
+
 // ErrNoSession: a detached viewer found no open session.
 var ErrNoSession = errors.New("no console session is open")
 

@@ -536,3 +536,41 @@ func TestSkipLinesFromInsideALineAndLiveIfOtherSession(t *testing.T) {
 		t.Fatalf("an obmd viewer with another session's offset starts at %d, want the live end 12", b.Start())
 	}
 }
+
+// Keep opens a logging session with no viewer, which stays open and logs;
+// turning logging off lets it close.
+func TestKeepOpensALoggingSession(t *testing.T) {
+	dir := t.TempDir()
+	m := newManager(t, Config{LogDir: dir, Linger: Duration(time.Millisecond)})
+	f := newFake()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := m.Keep(ctx, Request{Node: "n1", Open: opener(f, nil)}, true); err != nil {
+		t.Fatal(err)
+	}
+	f.emit([]byte("panic: nobody was watching\n"))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(filepath.Join(dir, "n1.log"))
+		if bytes.Contains(b, []byte("panic: nobody was watching\n")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("n1.log = %q", b)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := m.Keep(ctx, Request{Node: "n1"}, false); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for !f.isClosed() {
+		if time.Now().After(deadline) {
+			t.Fatal("the session stayed open after logging was turned off")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := New(Config{}, nil).Keep(ctx, Request{Node: "n1", Open: opener(newFake(), nil)}, true); !errors.Is(err, ErrNoLogDir) {
+		t.Fatalf("keep without a log dir = %v", err)
+	}
+}

@@ -10,13 +10,17 @@ import (
 	"github.com/obmesh/obmesh/internal/agentpb"
 )
 
+// ActConsoleKeep keeps a node's console session open and logged on its
+// agent (ConsoleRequest.log: whether logging is on for the node now).
+const ActConsoleKeep = "console_keep"
+
 // ConsoleLogOption is the node option (or label) that turns console
 // logging on for a node on the agent that serves its console.
 const ConsoleLogOption = "console-log"
 
-// consoleLogOn reports whether console logging is on for n: its option
-// console-log is "on" (or "true").
-func consoleLogOn(n state.Node) bool {
+// ConsoleLogOn reports whether console logging is on for n: its option or
+// label console-log is "on" (or "true").
+func ConsoleLogOn(n state.Node) bool {
 	for k, v := range n.Options {
 		if strings.EqualFold(k, ConsoleLogOption) && (strings.EqualFold(v, "on") || strings.EqualFold(v, "true")) {
 			return true
@@ -28,14 +32,14 @@ func consoleLogOn(n state.Node) bool {
 // consoleRequest is the console attachment sent with a console_open or
 // console_log operation (nil for other actions); logging follows the node.
 func consoleRequest(req Request, n state.Node) *agentpb.ConsoleRequest {
-	if req.Action != ActConsoleOpen && req.Action != ActConsoleLog {
+	if req.Action != ActConsoleOpen && req.Action != ActConsoleLog && req.Action != ActConsoleKeep {
 		return nil
 	}
 	c := &agentpb.ConsoleRequest{}
 	if req.Console != nil {
 		c = cloneConsoleRequest(req.Console)
 	}
-	c.Log = consoleLogOn(n)
+	c.Log = ConsoleLogOn(n)
 	return c
 }
 

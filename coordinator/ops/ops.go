@@ -955,7 +955,7 @@ func (r *Runner) settleByState(rec api.Receipt, why string) (api.Receipt, bool) 
 // recorded); reads and consoles are not.
 func changes(action string) bool {
 	switch action {
-	case ActPowerStatus, ActIdentity, ActConsoleOpen, ActConsoleLog, ActBootGet:
+	case ActPowerStatus, ActIdentity, ActConsoleOpen, ActConsoleLog, ActConsoleKeep, ActBootGet:
 		return false
 	}
 	return true

@@ -260,6 +260,20 @@ func TestConsole_SharedSession(t *testing.T) {
 		}
 	})
 
+	t.Run("a node with console-log=on is logged with no viewer", func(t *testing.T) {
+		// Nobody ever opens this node's console: the leader has its agent
+		// keep the session open, logging the output (2,000 bytes a second).
+		register(t, c, api.NodeSpec{Name: "unwatched", Driver: "mock", Address: "10.0.0.9",
+			Labels: map[string]string{"console-log": "on"}, Options: map[string]string{"console_burst": "64", "console_rate": "2000"}})
+		var b []byte
+		WaitFor(t, 60*time.Second, "output logged with no viewer", func() bool {
+			b, _ = os.ReadFile(filepath.Join(logDir, "unwatched.log"))
+			return bytes.Count(b, []byte("\n")) > 200
+		})
+		body := b[bytes.Index(b, []byte("===\n"))+4:]
+		consecutiveLines(t, "unwatched.log", body[:bytes.LastIndexByte(body, '\n')+1])
+	})
+
 	t.Run("read-only is enforced by the server", func(t *testing.T) {
 		// The mock records no input, so the IPMI test below checks the
 		// echo; here: a read-only viewer is told it cannot type.
