@@ -54,6 +54,17 @@
 //   - relay_dead_letters and relay_replay operations act on the relay's
 //     dead-letter lists.
 //
+// # The power sync
+//
+// Unless [power_sync] disabled is set, the agent reads the power state of
+// the nodes the leader assigns it (PowerSyncAssignment, its share of its
+// sites' nodes) periodically, through the plugin host like an operation,
+// and reports the readings and each BMC's health (PowerSyncReport; package
+// agent/powersync, powersync_link.go). An operation on a node comes first:
+// a read of it in flight is cancelled. The assignment is dropped when the
+// link ends, so a node the leader gives to another agent meanwhile is not
+// read twice.
+//
 // A relay that cannot start fails Run. One that fails later is logged; the
 // agent reconnects and announces no relay URL, so the coordinator moves the
 // BMC subscriptions to another agent's relay.
