@@ -103,6 +103,8 @@ type Service struct {
 	ctx     context.Context // set while Run runs
 	running map[string]*run // jobs this member runs (or is creating)
 	wg      sync.WaitGroup  // the runs
+
+	sweepMu sync.Mutex // one sweep at a time (Run's and Cancel's)
 }
 
 // New returns a service; Run must run for jobs to be created.
@@ -602,6 +604,8 @@ func (s *Service) Wait(ctx context.Context, id string) error {
 // receipt there gets its outcome; one without was never sent and is
 // skipped. Call it only on the leader.
 func (s *Service) Sweep(ctx context.Context) {
+	s.sweepMu.Lock()
+	defer s.sweepMu.Unlock()
 	var orphans []state.JobInfo
 	for _, info := range s.st.State().Jobs() {
 		if info.State != state.JobRunning {
