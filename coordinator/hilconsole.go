@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync"
+	"time"
 
 	"github.com/obmesh/obmesh/coordinator/agentsvc"
 	"github.com/obmesh/obmesh/hilproxy"
@@ -23,18 +25,47 @@ func (b *hilBackend) OpenConsoleAt(ctx context.Context, name string, after hilpr
 	if after.Session != "" {
 		req.HasFrom, req.From, req.Session = true, after.Offset, after.Session
 	}
+	n, _ := b.store.State().Node(name)
 	cs, _, err := b.runner.OpenConsoleWith(ctx, name, req)
 	if err != nil {
 		return nil, notFound(err)
 	}
 	first := cs.First()
-	return &obmdConsole{cs: cs, session: first.GetSession(), offset: first.GetOffset()}, nil
+	c := &obmdConsole{cs: cs, session: first.GetSession(), offset: first.GetOffset(), stop: make(chan struct{})}
+	// Deleting the node ends its obmd stream, through whichever API.
+	c.wg.Go(func() { c.endWhenGone(b, name, n.CreateIndex) })
+	return c, nil
+}
+
+// nodeGoneEvery is how often an obmd stream checks that its node is still
+// registered.
+const nodeGoneEvery = 500 * time.Millisecond
+
+// endWhenGone closes the stream once the node (this registration of it) is
+// gone from the replicated state.
+func (c *obmdConsole) endWhenGone(b *hilBackend, name string, created uint64) {
+	t := time.NewTicker(nodeGoneEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+			if n, ok := b.store.State().Node(name); !ok || n.CreateIndex != created {
+				c.cs.Close()
+				return
+			}
+		}
+	}
 }
 
 // obmdConsole reads a viewer's frames as a byte stream, keeping the
 // position after the last byte returned.
 type obmdConsole struct {
 	cs      *agentsvc.ConsoleStream
+	stop    chan struct{} // closed by Close: ends endWhenGone
+	once    sync.Once
+	wg      sync.WaitGroup
 	session string
 	offset  uint64
 	pending []byte
@@ -65,7 +96,11 @@ func (c *obmdConsole) Position() hilproxy.ConsolePosition {
 	return hilproxy.ConsolePosition{Session: c.session, Offset: c.offset}
 }
 
-func (c *obmdConsole) Close() error { return c.cs.Close() }
+func (c *obmdConsole) Close() error {
+	c.once.Do(func() { close(c.stop) })
+	c.wg.Wait()
+	return c.cs.Close()
+}
 
 // mockBootDevice enforces obmd's mock on the obmd API: boot devices A and
 // B only (the native API keeps the wider mock).

@@ -472,6 +472,15 @@ func TestConsole_OBMDViewerBesideNativeViewers(t *testing.T) {
 	wantEmpty(t, "boot_device B", oc.do("PUT", "/node/hn/boot_device?token="+tok, `{"bootdev":"B"}`, false), 200)
 	wantEmpty(t, "boot_device pxe", oc.do("PUT", "/node/hn/boot_device?token="+tok, `{"bootdev":"pxe"}`, false), 400)
 	wantEmpty(t, "boot_device C", oc.do("PUT", "/node/hn/boot_device?token="+tok, `{"bootdev":"C"}`, false), 400)
+	// Deleting the node through the native API ends the obmd stream too.
+	lines4, done4 := streamConsole(t, oc, "hn", tok)
+	nextLine(t, lines4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.DeleteNode(ctx, "hn"); err != nil {
+		t.Fatal(err)
+	}
+	drain(t, lines4, done4, -1)
 }
 
 // TestConsole_LeaderKillDuringNativeConsole: the CLI's console survives the
