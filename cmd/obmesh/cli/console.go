@@ -73,6 +73,10 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 		evMu.Lock()
 		defer evMu.Unlock()
 		switch ev.Type {
+		case "attach":
+			if ev.Writer != nil && !*ev.Writer && !*ro {
+				fmt.Fprint(env.Stderr, nl+"[obmesh: another viewer holds the keyboard: read-only until it leaves]"+nl)
+			}
 		case "gap":
 			if ev.Unknown {
 				fmt.Fprint(env.Stderr, nl+"[obmesh: the console's session changed; output in between was missed]"+nl)
