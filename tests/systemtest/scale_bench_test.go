@@ -460,6 +460,8 @@ type obmdAPI struct {
 	hc          *http.Client
 	names       []string
 	tokens      []string
+	// explain, if set, says why a node's call failed.
+	explain func(name string) string
 }
 
 func newOBMDAPI(b *testing.B, p *InProc, f sideBySideFleet, prefix string) *obmdAPI {
@@ -507,6 +509,9 @@ func (o *obmdAPI) do(method, path, body string, admin bool) (string, error) {
 
 func (o *obmdAPI) status(i int) error {
 	_, err := o.do("GET", "/node/"+o.names[i]+"/power_status?token="+o.tokens[i], "", false)
+	if err != nil && o.explain != nil {
+		err = fmt.Errorf("%w (native API now: %s)", err, o.explain(o.names[i]))
+	}
 	return err
 }
 
@@ -586,6 +591,11 @@ func BenchmarkStatusSideBySide(b *testing.B) {
 func sideBySide(b *testing.B, f sideBySideFleet, n, k int) {
 	p := StartInProc(b, bin, "")
 	o := newOBMDAPI(b, p, f, "sbs")
+	o.explain = func(name string) string {
+		// The obmd API answers 500 without a reason: ask the native API.
+		_, err := p.Client().PowerStatus(context.Background(), name)
+		return fmt.Sprint(err)
+	}
 	d := newDirectIPMI(b, f)
 	round := time.Second
 	if v, err := time.ParseDuration(os.Getenv("OBMESH_BENCH_ROUND")); err == nil && v > 0 {
