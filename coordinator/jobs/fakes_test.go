@@ -26,6 +26,9 @@ type cluster struct {
 	term   uint64
 	// applies counts entries by command type.
 	applies map[string]int
+	// failJobUpdates makes that many job.update writes fail (a write
+	// that does not commit in time).
+	failJobUpdates int
 }
 
 func newCluster(leader string) *cluster {
@@ -52,6 +55,10 @@ func (m member) Apply(ctx context.Context, c state.Command) (state.Result, error
 	}
 	var env struct{ Type string }
 	json.Unmarshal(b, &env)
+	if env.Type == "job.update" && m.c.failJobUpdates > 0 {
+		m.c.failJobUpdates--
+		return state.Result{}, context.DeadlineExceeded
+	}
 	m.c.applies[env.Type]++
 	m.c.index++
 	res, err := m.c.st.Apply(m.c.index, b)
