@@ -85,7 +85,38 @@ func (c *Client) ConsoleWith(ctx context.Context, node string, o ConsoleOptions)
 	}
 	ws.SetReadLimit(1 << 20)
 	cctx, cancel := context.WithCancel(context.Background())
-	return &ConsoleConn{ws: ws, ctx: cctx, cancel: cancel, onEvent: o.OnEvent}, nil
+	con := &ConsoleConn{ws: ws, ctx: cctx, cancel: cancel, onEvent: o.OnEvent}
+	// The server's first message says where this viewer starts (bounded
+	// by ctx): Session and Offset are known on return.
+	typ, msg, err := ws.Read(ctx)
+	if err != nil {
+		con.Close()
+		return nil, fmt.Errorf("console: no first message: %w", err)
+	}
+	con.message(typ, msg)
+	return con, nil
+}
+
+// message takes one message: an event (updating the offset) or output
+// (kept for Read). Callers hold mu or own the connection.
+func (w *ConsoleConn) message(typ websocket.MessageType, msg []byte) {
+	if typ != websocket.MessageText {
+		w.pending = msg
+		return
+	}
+	var ev ConsoleEvent
+	if json.Unmarshal(msg, &ev) != nil || ev.Type == "" {
+		return
+	}
+	switch ev.Type {
+	case "attach":
+		w.session, w.offset = ev.Session, ev.Offset
+	case "gap":
+		w.offset = ev.Offset
+	}
+	if w.onEvent != nil {
+		w.onEvent(ev)
+	}
 }
 
 func codeForStatus(s int) string {
@@ -152,22 +183,7 @@ func (w *ConsoleConn) Read(p []byte) (int, error) {
 			}
 			return 0, fmt.Errorf("%w: %v", ErrConsoleInterrupted, err)
 		}
-		if typ == websocket.MessageText {
-			var ev ConsoleEvent
-			if json.Unmarshal(msg, &ev) == nil && ev.Type != "" {
-				switch ev.Type {
-				case "attach":
-					w.session, w.offset = ev.Session, ev.Offset
-				case "gap":
-					w.offset = ev.Offset
-				}
-				if w.onEvent != nil {
-					w.onEvent(ev)
-				}
-			}
-			continue
-		}
-		w.pending = msg
+		w.message(typ, msg)
 	}
 	n := copy(p, w.pending)
 	w.pending = w.pending[n:]
