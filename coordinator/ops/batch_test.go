@@ -5,11 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/state"
+	"github.com/obmesh/obmesh/internal/agentpb"
+	"github.com/obmesh/obmesh/internal/logging"
 )
 
 // gatedApplier is the replicated state behind a gate: each Apply reports
@@ -213,4 +217,94 @@ func TestRecordBatcher_GivenUpNotProposedAndFailuresReachAll(t *testing.T) {
 	if _, ok := rp.st.Audit("op-gave-up"); ok {
 		t.Errorf("a given-up record was proposed")
 	}
+}
+
+// With records batched, every operation that changes something is still
+// in the replicated trail as "unknown" before it is sent, and with its
+// outcome before its caller gets the receipt, also when operations record
+// at the same time (an intent waiting behind another operation's commit).
+func TestRecordBatcher_ConcurrentOperationsRecordedBeforeSent(t *testing.T) {
+	rp := newReplicated(t)
+	for i := range 8 {
+		if _, err := rp.Apply(t.Context(), state.RegisterNode{Node: state.Node{Name: fmt.Sprintf("c%d", i), Driver: "mock", Site: "default"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := &gatedApplier{rp: rp, entered: make(chan state.Command, 64), release: make(chan struct{})}
+	var mu sync.Mutex
+	var bad []string
+	d := answerDispatcher{answer: okAnswer, seen: func(op *agentpb.Operation) {
+		rp.mu.Lock()
+		raw, ok := rp.st.Audit(op.Id)
+		rp.mu.Unlock()
+		if !ok || !json.Valid(raw) || !strings.Contains(string(raw), `"outcome":"unknown"`) {
+			mu.Lock()
+			bad = append(bad, op.Id+" sent unrecorded")
+			mu.Unlock()
+		}
+	}}
+	r := New(Config{}, rp, nil, d, epoch1{}, g, logging.Discard())
+	// The first operation's record is held until all the others have
+	// queued behind it.
+	results := make(chan error, 8)
+	go func() {
+		rec, err := r.Do(t.Context(), Request{Node: "c0", Action: ActPowerOn})
+		results <- finalCheck(rp, rec, err)
+	}()
+	nextApply(t, g)
+	for i := 1; i < 8; i++ {
+		go func() {
+			rec, err := r.Do(t.Context(), Request{Node: fmt.Sprintf("c%d", i), Action: ActPowerOff})
+			results <- finalCheck(rp, rec, err)
+		}()
+	}
+	waitQueued(t, r.batch, 7)
+	done := make(chan struct{})
+	defer close(done)
+	applies := 1
+	go func() {
+		for {
+			select {
+			case g.release <- struct{}{}:
+			case <-done:
+				return
+			}
+		}
+	}()
+	for range 8 {
+		select {
+		case err := <-results:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("an operation did not finish")
+		}
+	}
+	for len(g.entered) > 0 {
+		<-g.entered
+		applies++
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bad) > 0 {
+		t.Errorf("operations sent before their record committed: %v", bad)
+	}
+	if applies >= 16 {
+		t.Errorf("%d commits for 16 records made while others committed: none were batched", applies)
+	}
+}
+
+// finalCheck: an ok receipt whose outcome is in the replicated trail.
+func finalCheck(rp *replicated, rec api.Receipt, err error) error {
+	if err != nil {
+		return err
+	}
+	rp.mu.Lock()
+	raw, ok := rp.st.Audit(rec.ID)
+	rp.mu.Unlock()
+	if !ok || !strings.Contains(string(raw), `"outcome":"ok"`) {
+		return fmt.Errorf("%s answered ok, recorded %s", rec.ID, raw)
+	}
+	return nil
 }
