@@ -1,6 +1,7 @@
 package agentsvc
 
 import (
+	"errors"
 	"fmt"
 	"io"
 
@@ -11,6 +12,11 @@ import (
 // an agent with shared console sessions says push and sends output frames
 // as they come (with their session offsets, gaps and role changes); an
 // older agent is pulled, one read frame per chunk.
+
+// ErrConsoleLinkLost: the agent's console stream broke without the console
+// ending (no end frame from an agent that pushes): its link was lost, the
+// console may well go on; a viewer should reconnect.
+var ErrConsoleLinkLost = errors.New("the console's stream from its agent was lost (the console may go on: reconnect)")
 
 // recv returns the agent's next frame, pulling it first from an agent that
 // does not push. Callers hold readMu.
@@ -29,8 +35,9 @@ func (c *ConsoleStream) First() *agentpb.ConsoleFrame { return c.first }
 
 // Next returns the agent's next frame as it is: output with its offset and
 // any gap, a role change, or the end (Eof, with Error when the console
-// failed; the error is then also returned). It returns io.EOF when the
-// stream ended without an Eof frame. Next and Read must not be mixed.
+// failed; the error is then also returned). It returns ErrConsoleLinkLost
+// when a pushing agent's stream ended without an Eof frame (io.EOF from an
+// older agent). Next and Read must not be mixed.
 func (c *ConsoleStream) Next() (*agentpb.ConsoleFrame, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
@@ -40,6 +47,9 @@ func (c *ConsoleStream) Next() (*agentpb.ConsoleFrame, error) {
 	f, err := c.recv()
 	if err != nil {
 		c.err = io.EOF
+		if c.first.GetPush() {
+			c.err = ErrConsoleLinkLost
+		}
 		return nil, c.err
 	}
 	if f.Eof {

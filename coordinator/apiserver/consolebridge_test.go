@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/obmesh/obmesh/coordinator/agentsvc"
 	"github.com/obmesh/obmesh/internal/agentpb"
 )
 
@@ -183,5 +185,13 @@ func TestPipeFrames(t *testing.T) {
 	}
 	if _, _, err := readFrame(bufio.NewReader(bytes.NewReader([]byte{'o', 0xff, 0xff, 0xff, 0xff}))); err == nil || errors.Is(err, io.EOF) {
 		t.Fatalf("an oversized frame = %v", err)
+	}
+}
+
+// A stream from the agent lost without the console ending closes the
+// WebSocket with 1013, so the client reconnects.
+func TestConsoleEnd_LinkLostIsTryAgain(t *testing.T) {
+	if c, _ := consoleEnd(fmt.Errorf("x: %w", agentsvc.ErrConsoleLinkLost)); c != websocket.StatusTryAgainLater {
+		t.Fatalf("link lost closes with %d, want 1013", c)
 	}
 }

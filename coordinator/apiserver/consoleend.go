@@ -317,10 +317,16 @@ func bridgeConsole(parent context.Context, con consoleSource, cl consoleClient, 
 // consoleEnd is how a console WebSocket closes after the console's last
 // read: normally when the console ended (EOF), with StatusInternalError
 // and the error (cut to what a close frame holds) when it failed, e.g. its
-// driver plugin died, so a client can tell the two apart.
+// driver plugin died, so a client can tell the two apart; with 1013 (try
+// again later) when the stream from the agent was lost but not the
+// console.
 func consoleEnd(err error) (websocket.StatusCode, string) {
 	if err == nil || errors.Is(err, io.EOF) {
 		return websocket.StatusNormalClosure, "console ended"
+	}
+	if errors.Is(err, agentsvc.ErrConsoleLinkLost) {
+		// The console goes on (its agent's link dropped): reconnect.
+		return websocket.StatusTryAgainLater, closeReason(err.Error())
 	}
 	return websocket.StatusInternalError, closeReason(err.Error())
 }

@@ -559,6 +559,75 @@ func TestConsole_LeaderKillDuringNativeConsole(t *testing.T) {
 	}
 }
 
+// TestConsole_AgentRestartDuringNativeConsole: when the agent serving a
+// console restarts (its link, session and history are gone), the CLI's
+// console is not ended: it reconnects, says the session changed, and goes
+// on with the new session's output.
+func TestConsole_AgentRestartDuringNativeConsole(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	g := consoleGroup(t, 1, t.TempDir(), false)
+	g.WaitAgents(1)
+	register(t, g.Client(g.Members[0]), api.NodeSpec{Name: "ar", Driver: "mock", Address: "10.0.0.6", Options: map[string]string{"NumWrites": "1000000"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := commandContext(ctx, bin, "console", "ar", "-ro", "-addr", g.Members[0].HTTPAddr, "-token", g.Token)
+	stdout, _ := cmd.StdoutPipe()
+	var stderr syncBuf
+	cmd.Stderr = &stderr
+	cmd.Stdin = blockReader{ctx}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cancel()
+	lines := make(chan string, 1<<16)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	next := func() string {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("the CLI console ended; stderr: %s", stderr.String())
+			}
+			return l
+		case <-time.After(60 * time.Second):
+			t.Fatalf("no console line within 60s; stderr: %s", stderr.String())
+		}
+		return ""
+	}
+	high := 0
+	for range 100 {
+		n, _ := strconv.Atoi(next())
+		if n < 1000000 || n <= high {
+			t.Fatalf("line %d after %d", n, high)
+		}
+		high = n
+	}
+	g.Agents[0].Stop(t)
+	g.Agents[0] = Start(t, bin, g.Dir, "a1-again", "agent", "-config", g.agentCfgs[0])
+	// The old session's lines count up; the new agent's mock starts again
+	// at NumWrites: a line below the highest seen is the new session's.
+	WaitFor(t, 60*time.Second, "output of the new session", func() bool {
+		n, _ := strconv.Atoi(next())
+		if n > high {
+			high = n
+			return false
+		}
+		return true
+	})
+	WaitFor(t, 10*time.Second, "the CLI to report the new session", func() bool {
+		e := stderr.String()
+		return strings.Contains(e, "session changed") && strings.Contains(e, "reconnected")
+	})
+}
+
 // TestConsole_IPMIAndRedfish: shared SOL viewers on the IPMI simulator (the
 // writer's keys echo to every viewer; a read-only viewer's never reach
 // the BMC); a Redfish node's console is unsupported.
