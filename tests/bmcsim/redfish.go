@@ -296,8 +296,8 @@ func (r *Redfish) load() error {
 		if err != nil {
 			return err
 		}
-		var doc map[string]any
-		if err := json.Unmarshal(b, &doc); err != nil {
+		doc, err := parseDoc(b) // each BMC its own copy (mockup_cache.go)
+		if err != nil {
 			return fmt.Errorf("bmcsim: %s: %w", path, err)
 		}
 		// Shipped subscriptions point outside: drop them.
