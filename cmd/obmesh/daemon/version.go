@@ -14,16 +14,26 @@ import (
 // Version returns obmesh's version: the one set at link time
 // (-ldflags "-X github.com/obmesh/obmesh/coordinator.Version=1.2.3", as
 // make build, install and package do); for the source's development
-// default ("...-dev"), the module version Go recorded when there is one
-// (go install github.com/obmesh/obmesh/cmd/obmesh@v1.2.3).
+// default ("...-dev"), the module version Go recorded when the binary was
+// built from a downloaded module (go install
+// github.com/obmesh/obmesh/cmd/obmesh@v1.2.3). A build from a checkout
+// (Go records vcs.* settings and, since Go 1.24, a pseudo-version made from
+// the commit) keeps the source's version: the commit is shown beside it.
 func Version() string {
-	if !strings.HasSuffix(coordinator.Version, "-dev") {
-		return coordinator.Version
+	bi, _ := debug.ReadBuildInfo()
+	return versionFrom(coordinator.Version, bi)
+}
+
+func versionFrom(src string, bi *debug.BuildInfo) string {
+	if !strings.HasSuffix(src, "-dev") || bi == nil || bi.Main.Version == "" || bi.Main.Version == "(devel)" {
+		return src
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return strings.TrimPrefix(bi.Main.Version, "v")
+	for _, s := range bi.Settings {
+		if strings.HasPrefix(s.Key, "vcs.") {
+			return src
+		}
 	}
-	return coordinator.Version
+	return strings.TrimPrefix(bi.Main.Version, "v")
 }
 
 // Commit is the source commit, set at link time (-ldflags "-X

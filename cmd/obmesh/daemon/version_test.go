@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -38,5 +39,29 @@ func TestVersion(t *testing.T) {
 	}
 	if _, code := runCmd(t, "version", "extra"); code != 2 {
 		t.Errorf("version extra: exit %d, want 2", code)
+	}
+}
+
+// Which version a build reports: a link-time version always; for the
+// source's development default, a downloaded module's version (go install
+// ...@v1.2.3), never the pseudo-version Go makes from a checkout's commit.
+func TestVersionFrom(t *testing.T) {
+	checkout := &debug.BuildInfo{Main: debug.Module{Version: "v0.0.0-20261130233344-a4cf2ee2457c"},
+		Settings: []debug.BuildSetting{{Key: "vcs", Value: "git"}, {Key: "vcs.revision", Value: "a4cf2ee2457c"}}}
+	module := &debug.BuildInfo{Main: debug.Module{Version: "v1.2.3"}}
+	for _, c := range []struct {
+		src  string
+		bi   *debug.BuildInfo
+		want string
+	}{
+		{"1.4.2", module, "1.4.2"},
+		{"0.1.0-dev", module, "1.2.3"},
+		{"0.1.0-dev", checkout, "0.1.0-dev"},
+		{"0.1.0-dev", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, "0.1.0-dev"},
+		{"0.1.0-dev", nil, "0.1.0-dev"},
+	} {
+		if got := versionFrom(c.src, c.bi); got != c.want {
+			t.Errorf("versionFrom(%q, %+v) = %q, want %q", c.src, c.bi, got, c.want)
+		}
 	}
 }
