@@ -333,7 +333,8 @@ func jobSweep(b *testing.B, c *api.Client, n int) (wall, p50, p99 time.Duration,
 // Once every node was read, it reports over a window
 // (OBMESH_BENCH_SYNC_WINDOW, default 60s) the CPU seconds per minute of
 // the agent, of its ipmi plugin process and of the coordinator, and the
-// requests per minute the BMCs received.
+// requests per minute the BMCs received. OBMESH_BENCH_SYNC_KEEPALIVE sets
+// the nodes' ipmi keepalive option.
 func BenchmarkPowerSync10k(b *testing.B) {
 	n := scaleNodes()
 	window := 60 * time.Second
@@ -361,9 +362,15 @@ func BenchmarkPowerSync10k(b *testing.B) {
 		as, err := c.Agents(ctx)
 		return err == nil && len(as) == 1 && as[0].Health == "healthy"
 	})
+	// OBMESH_BENCH_SYNC_KEEPALIVE sets the ipmi driver's keepalive option
+	// of every node (default 20s).
+	var opts map[string]string
+	if v := os.Getenv("OBMESH_BENCH_SYNC_KEEPALIVE"); v != "" {
+		opts = map[string]string{"keepalive": v}
+	}
 	if _, err := inParallel(n, 32, func(i int) error {
 		bmc := fleet.IPMI[i]
-		_, err := c.RegisterNode(ctx, api.NodeSpec{Name: bmc.Name, Driver: "ipmi", Address: bmc.Addr, Username: "admin", Password: "pw"})
+		_, err := c.RegisterNode(ctx, api.NodeSpec{Name: bmc.Name, Driver: "ipmi", Address: bmc.Addr, Username: "admin", Password: "pw", Options: opts})
 		return err
 	}); err != nil {
 		b.Fatal(err)
