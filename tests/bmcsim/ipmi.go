@@ -1,7 +1,10 @@
 // Package bmcsim runs simulated BMCs in-process on loopback, many per
 // process, each with its own state: IPMI BMCs on go-ipmi's server (power,
-// boot flags, SOL with an echoing serial console). obmesh dev, the
-// obmesh bmcsim command and benchmarks use it.
+// boot flags, SOL with an echoing serial console), each on a socket of its
+// own (StartIPMIFleet) or thousands on one shared socket, each on its own
+// 127.77.x.y address (StartIPMIFleetShared, Linux); Redfish BMCs serving
+// DMTF mockups over HTTPS. obmesh dev, the obmesh bmcsim command and
+// benchmarks use it.
 package bmcsim
 
 import (
