@@ -249,6 +249,9 @@ type clientFlags struct {
 	tls                 TLSFiles
 	// deadline is when -timeout ends (set by apiCommand).
 	deadline time.Time
+	// envToken is OBMESH_TOKEN, used when -token is not given. It is not
+	// the flag's default: -h prints defaults, and help output is pasted.
+	envToken string
 }
 
 func (f *clientFlags) register(fs *flag.FlagSet, env Env) {
@@ -261,7 +264,8 @@ func (f *clientFlags) register(fs *flag.FlagSet, env Env) {
 func (f *clientFlags) registerNoOutput(fs *flag.FlagSet, env Env) {
 	f.output = "table"
 	fs.StringVar(&f.addr, "addr", env.Getenv("OBMESH_ADDR"), "coordinator API address (env OBMESH_ADDR)")
-	fs.StringVar(&f.token, "token", env.Getenv("OBMESH_TOKEN"), "admin token (env OBMESH_TOKEN)")
+	f.envToken = env.Getenv("OBMESH_TOKEN")
+	fs.StringVar(&f.token, "token", "", "admin token (default: env OBMESH_TOKEN; a flag is visible to other users in ps)")
 	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "how long to wait for the answer; an operation is given this long on the coordinator too (at most 5m)")
 	fs.StringVar(&f.tls.CA, "ca-file", env.Getenv("OBMESH_CACERT"), "CA certificate (PEM) that signed the API's certificate (env OBMESH_CACERT)")
 	fs.StringVar(&f.tls.Cert, "client-cert", env.Getenv("OBMESH_CLIENT_CERT"), "client certificate (PEM), if the API asks for one (env OBMESH_CLIENT_CERT)")
@@ -271,6 +275,9 @@ func (f *clientFlags) registerNoOutput(fs *flag.FlagSet, env Env) {
 func (f *clientFlags) client() (*api.Client, error) {
 	if f.addr == "" {
 		return nil, errors.New("no coordinator address: set OBMESH_ADDR or pass -addr")
+	}
+	if f.token == "" {
+		f.token = f.envToken
 	}
 	if f.token == "" {
 		return nil, errors.New("no admin token: set OBMESH_TOKEN or pass -token")

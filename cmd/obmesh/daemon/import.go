@@ -20,7 +20,7 @@ func importCommand() *cli.Command {
 		fs.SetOutput(env.Stderr)
 		db := fs.String("db", "", "obmd SQLite database file (required)")
 		addr := fs.String("addr", env.Getenv("OBMESH_ADDR"), "coordinator API address (env OBMESH_ADDR)")
-		token := fs.String("token", env.Getenv("OBMESH_TOKEN"), "admin token (env OBMESH_TOKEN)")
+		token := fs.String("token", "", "admin token (default: env OBMESH_TOKEN; a flag is visible to other users in ps)")
 		site := fs.String("site", "", "site for nodes whose obm_info names none (default: the coordinator's default site)")
 		timeout := fs.Duration("timeout", 30*time.Second, "bound on each registration")
 		var tf cli.TLSFiles
@@ -37,6 +37,9 @@ func importCommand() *cli.Command {
 		}
 		if len(pos) > 0 {
 			return cli.Usagef(env, "unexpected argument %q", pos[0])
+		}
+		if *token == "" {
+			*token = env.Getenv("OBMESH_TOKEN")
 		}
 		if *db == "" || *addr == "" || *token == "" {
 			return cli.Usagef(env, "-db, and OBMESH_ADDR and OBMESH_TOKEN (or -addr, -token) are required")
