@@ -256,3 +256,36 @@ func BenchmarkRedfishFleet(b *testing.B) {
 	b.ReportMetric(perBMC, "heap-B/bmc")
 	b.ReportMetric(float64(n), "bmcs")
 }
+
+// Two shared fleets in one process use the same addresses on different
+// ports, and each BMC answers with its own fleet's state.
+func TestSharedFleet_TwoFleetsApart(t *testing.T) {
+	a, err := StartIPMIFleetShared(2, "a", "admin", "pw-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := StartIPMIFleetShared(2, "b", "admin", "pw-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ha, pa, _ := net.SplitHostPort(a.IPMI[0].Addr)
+	hb, pb, _ := net.SplitHostPort(b.IPMI[0].Addr)
+	if ha != hb || pa == pb {
+		t.Fatalf("fleets at %s and %s: want the same first address on two ports", a.IPMI[0].Addr, b.IPMI[0].Addr)
+	}
+	b.IPMI[0].hal.Chassis().SetPower(context.Background(), true)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if on, err := statusOf(ctx, a.IPMI[0]); err != nil || on {
+		t.Errorf("fleet a's BMC: on=%v, %v; want off (b's was switched on)", on, err)
+	}
+	if on, err := statusOf(ctx, b.IPMI[0]); err != nil || !on {
+		t.Errorf("fleet b's BMC: on=%v, %v; want on", on, err)
+	}
+	wrong := &IPMI{Name: "a-1", Addr: a.IPMI[0].Addr, User: "admin", Password: "pw-b"} // b's password at a's BMC
+	if _, err := statusOf(ctx, wrong); err == nil {
+		t.Errorf("fleet a's BMC accepted fleet b's password")
+	}
+}
