@@ -296,6 +296,9 @@ func TestHost_RescanFindsAddedAndRemovedPlugins(t *testing.T) {
 
 func waitGone(t *testing.T, pid int) {
 	t.Helper()
+	if pid <= 0 {
+		t.Fatalf("no plugin pid to wait for (%d)", pid)
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for syscall.Kill(pid, 0) == nil {
 		if time.Now().After(deadline) {
@@ -341,7 +344,7 @@ func TestHost_UpgradeInPlace(t *testing.T) {
 		t.Fatalf("the call in flight ended (%v) before its 3s delay: the old process did not finish it", err)
 	default:
 	}
-	if syscall.Kill(old.Pid, 0) != nil {
+	if old.Pid <= 0 || syscall.Kill(old.Pid, 0) != nil {
 		t.Fatalf("the old process was stopped with a call in flight")
 	}
 	if err := recv(t, slowErr, "the call in flight during the upgrade"); err != nil {
@@ -429,7 +432,7 @@ func TestHost_PluginDeathIsExplained(t *testing.T) {
 	}()
 	recv(t, inflight, "the slow call reaching the plugin")
 	d, _ := driver(h, "mock")
-	syscall.Kill(d.Pid, syscall.SIGKILL)
+	killPlugin(t, d.Pid)
 	err = recv(t, errc, "the call in flight when its plugin was killed")
 	var died *DiedError
 	if !errors.As(err, &died) || sdk.ClassOf(err) != sdk.ClassPlugin || !strings.Contains(err.Error(), "signal: killed") {

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -79,9 +78,7 @@ func TestHost_PluginKilledMidOperation(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the slow call never reached the BMC")
 	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	killPlugin(t, pid)
 	var err error
 	select {
 	case err = <-errc:
@@ -105,7 +102,7 @@ func TestHost_PluginKilledMidOperation(t *testing.T) {
 func TestHost_SupervisorRestartsWithoutTraffic(t *testing.T) {
 	h := newHost(t)
 	pid := h.Drivers()[0].Pid
-	syscall.Kill(pid, syscall.SIGKILL)
+	killPlugin(t, pid)
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		d := h.Drivers()[0]
