@@ -125,7 +125,7 @@ const (
 const CodeJobFinished = "job_finished"
 
 // LabelChange is the body of PATCH /v1/nodes/{name}/labels: Set labels
-// are set, then Remove keys removed.
+// are set and Remove keys removed; a key in both is refused (400).
 type LabelChange struct {
 	Set    map[string]string `json:"set,omitempty"`
 	Remove []string          `json:"remove,omitempty"`

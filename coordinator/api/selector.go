@@ -135,12 +135,12 @@ func splitTerms(s string) ([]string, error) {
 		case '(':
 			depth++
 			if depth > 1 {
-				return nil, fmt.Errorf("label selector %q: nested parentheses", s)
+				return nil, fmt.Errorf("label selector %s: nested parentheses", Quote(s))
 			}
 		case ')':
 			depth--
 			if depth < 0 {
-				return nil, fmt.Errorf("label selector %q: ')' without '('", s)
+				return nil, fmt.Errorf("label selector %s: ')' without '('", Quote(s))
 			}
 		case ',':
 			if depth == 0 {
@@ -150,7 +150,7 @@ func splitTerms(s string) ([]string, error) {
 		}
 	}
 	if depth != 0 {
-		return nil, fmt.Errorf("label selector %q: '(' without ')'", s)
+		return nil, fmt.Errorf("label selector %s: '(' without ')'", Quote(s))
 	}
 	out = append(out, s[start:])
 	if len(out) == 1 && strings.TrimSpace(out[0]) == "" {
@@ -158,7 +158,7 @@ func splitTerms(s string) ([]string, error) {
 	}
 	for _, t := range out {
 		if strings.TrimSpace(t) == "" {
-			return nil, fmt.Errorf("label selector %q: empty term between commas", s)
+			return nil, fmt.Errorf("label selector %s: empty term between commas", Quote(s))
 		}
 	}
 	return out, nil
@@ -167,19 +167,19 @@ func splitTerms(s string) ([]string, error) {
 func parseTerm(t string) (Requirement, error) {
 	t = strings.TrimSpace(t)
 	bad := func(why string) (Requirement, error) {
-		return Requirement{}, fmt.Errorf("label selector term %q: %s", t, why)
+		return Requirement{}, fmt.Errorf("label selector term %s: %s", Quote(t), why)
 	}
 	key := func(k string) (string, error) {
 		k = strings.TrimSpace(k)
 		if !ValidLabelKey(k) {
-			return "", fmt.Errorf("label selector term %q: %q is not a label key", t, k)
+			return "", fmt.Errorf("label selector term %s: %s is not a label key", Quote(t), Quote(k))
 		}
 		return k, nil
 	}
 	value := func(v string) (string, error) {
 		v = strings.TrimSpace(v)
 		if !ValidLabelValue(v) {
-			return "", fmt.Errorf("label selector term %q: %q is not a label value", t, v)
+			return "", fmt.Errorf("label selector term %s: %s is not a label value", Quote(t), Quote(v))
 		}
 		return v, nil
 	}
@@ -303,26 +303,42 @@ func (s LabelSelector) String() string {
 }
 
 // ParseLabelChanges parses the arguments of a label change: "k=v" sets a
-// label, "k-" removes one (as kubectl label does).
+// label, "k-" removes one (as kubectl label does). A key may appear once
+// per change: "role- role=new" is refused rather than applied in some
+// order. Errors quote what they echo with Quote (bounded, escaped).
 func ParseLabelChanges(args []string) (set map[string]string, remove []string, err error) {
 	set = map[string]string{}
+	seen := map[string]bool{}
+	once := func(k string) error {
+		if seen[k] {
+			return fmt.Errorf("label %s is changed twice; set it (key=value) or remove it (key-), once", Quote(k))
+		}
+		seen[k] = true
+		return nil
+	}
 	for _, a := range args {
 		if k, ok := strings.CutSuffix(a, "-"); ok && !strings.Contains(a, "=") {
 			if !ValidLabelKey(k) {
-				return nil, nil, fmt.Errorf("%q: %q is not a label key", a, k)
+				return nil, nil, fmt.Errorf("%s is not a label key", Quote(k))
+			}
+			if err := once(k); err != nil {
+				return nil, nil, err
 			}
 			remove = append(remove, k)
 			continue
 		}
 		k, v, ok := strings.Cut(a, "=")
 		if !ok {
-			return nil, nil, fmt.Errorf("%q: want key=value to set a label or key- to remove one", a)
+			return nil, nil, fmt.Errorf("%s: want key=value to set a label or key- to remove one", Quote(a))
 		}
 		if !ValidLabelKey(k) {
-			return nil, nil, fmt.Errorf("%q: %q is not a label key", a, k)
+			return nil, nil, fmt.Errorf("%s is not a label key (up to %d characters from A-Z a-z 0-9 - _ ., starting and ending with a letter or digit, with an optional DNS prefix/)", Quote(k), MaxLabelNameBytes)
 		}
 		if !ValidLabelValue(v) {
-			return nil, nil, fmt.Errorf("%q: %q is not a label value (up to %d characters from A-Z a-z 0-9 - _ ., starting and ending with a letter or digit)", a, v, MaxLabelValueBytes)
+			return nil, nil, fmt.Errorf("label %s: %s is not a label value (up to %d characters from A-Z a-z 0-9 - _ ., starting and ending with a letter or digit)", k, Quote(v), MaxLabelValueBytes)
+		}
+		if err := once(k); err != nil {
+			return nil, nil, err
 		}
 		set[k] = v
 	}

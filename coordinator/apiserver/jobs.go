@@ -140,6 +140,11 @@ func (s *Server) setLabels(w http.ResponseWriter, r *http.Request) error {
 	if len(ch.Set) == 0 && len(ch.Remove) == 0 {
 		return badRequest("nothing to change: give labels to set or keys to remove")
 	}
+	for _, k := range ch.Remove {
+		if _, ok := ch.Set[k]; ok {
+			return badRequest("label %s is both set and removed; a change names a key once", api.Quote(k))
+		}
+	}
 	c := state.SetNodeLabels{Name: r.PathValue("name"), Set: ch.Set, Remove: ch.Remove}
 	if err := state.CheckSetNodeLabels(c); err != nil {
 		return err
