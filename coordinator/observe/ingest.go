@@ -126,28 +126,11 @@ func (s *Service) takeReport(ctx context.Context, agent string, r *agentpb.Power
 			case read.UnixNano() < rec.PowerSinceUnixNano:
 				s.stale.Add(1) // read before the recorded state was (an operation's result)
 			default:
-				from := rec.Power
 				s.mu.Lock()
 				prevAt := m.sameAt
 				m.sameAt = read
 				s.mu.Unlock()
-				if prevAt.IsZero() && from != "" {
-					prevAt = time.Unix(0, max(rec.PowerSinceUnixNano, rec.LastContactUnixNano))
-				}
-				rec.PreviousPower, rec.Power, rec.PowerSinceUnixNano = from, p, read.UnixNano()
-				rec.PowerCause, rec.PowerOperation = state.CauseSync, ""
-				if from != "" {
-					if op, ok := s.explained(n.Name, read); ok {
-						rec.PowerCause, rec.PowerOperation = state.CauseOperation, op
-					} else {
-						rec.PowerCause = state.CauseExternal
-						rec.External = &state.PowerChange{From: from, To: p, AtUnixNano: read.UnixNano(), PreviousAtUnixNano: prevAt.UnixNano(), Agent: agent}
-						ev = &api.Event{ID: externalEventID(n.Name, read), Kind: api.EventPowerChanged, Node: n.Name, Agent: agent,
-							ReceivedAt: time.Now().UTC(), EventType: "PowerChanged", MessageID: "obmesh.PowerChanged", Severity: "Warning", Origin: "obmesh",
-							Message: "power changed outside obmesh: " + from + " to " + p,
-							Power:   apiChange(rec.External)}
-					}
-				}
+				ev = s.change(&rec, p, read, prevAt, agent)
 				changed = true
 			}
 		}
@@ -166,6 +149,33 @@ func (s *Service) takeReport(ctx context.Context, agent string, r *agentpb.Power
 		}
 	}
 	s.write(ctx, batch, events)
+}
+
+// change records a node's power going from rec.Power to p, read at read
+// by agent (prevAt: the last reading of the old state, if known). The
+// change is obmesh's when a power operation explains it (explained);
+// otherwise, unless it is the first reading, it is external: recorded in
+// rec.External and returned as the event to publish.
+func (s *Service) change(rec *state.Observed, p string, read, prevAt time.Time, agent string) *api.Event {
+	from := rec.Power
+	if prevAt.IsZero() && from != "" {
+		prevAt = time.Unix(0, max(rec.PowerSinceUnixNano, rec.LastContactUnixNano))
+	}
+	rec.PreviousPower, rec.Power, rec.PowerSinceUnixNano = from, p, read.UnixNano()
+	rec.PowerCause, rec.PowerOperation = state.CauseSync, ""
+	if from == "" {
+		return nil
+	}
+	if op, ok := s.explained(rec.Node, p, read); ok {
+		rec.PowerCause, rec.PowerOperation = state.CauseOperation, op
+		return nil
+	}
+	rec.PowerCause = state.CauseExternal
+	rec.External = &state.PowerChange{From: from, To: p, AtUnixNano: read.UnixNano(), PreviousAtUnixNano: prevAt.UnixNano(), Agent: agent}
+	return &api.Event{ID: externalEventID(rec.Node, read), Kind: api.EventPowerChanged, Node: rec.Node, Agent: agent,
+		ReceivedAt: time.Now().UTC(), EventType: "PowerChanged", MessageID: "obmesh.PowerChanged", Severity: "Warning", Origin: "obmesh",
+		Message: "power changed outside obmesh: " + from + " to " + p,
+		Power:   apiChange(rec.External)}
 }
 
 // externalEventID names a power change event: the node and the reading.
@@ -212,8 +222,11 @@ func (s *Service) write(ctx context.Context, batch []state.Observed, events []ap
 }
 
 // takeOperation takes in an operation that ended: a power operation
-// explains changes for a while; a successful one that reached the BMC
-// clears its health and records the power state it set or read.
+// explains changes to the state it leads to for a while; a successful one
+// that reached the BMC clears its health and records the power state it
+// set. A power status read records the state it read as a reading: it
+// explains nothing, and a change it finds is external unless a power
+// operation explains it.
 func (s *Service) takeOperation(ctx context.Context, rec api.Receipt) {
 	if !s.store.IsLeader() || !reachesBMC[rec.Action] {
 		return
@@ -232,7 +245,7 @@ func (s *Service) takeOperation(ctx context.Context, rec api.Receipt) {
 			w = s.cfg.SoftOffWindow
 		}
 		s.mu.Lock()
-		s.explains[n.Name] = explain{op: rec.ID, until: end.Add(w)}
+		s.explains[n.Name] = explain{op: rec.ID, until: end.Add(w), to: explainsTo(rec.Action, rec.Outcome == api.OutcomeOK)}
 		s.mu.Unlock()
 	}
 	if rec.Outcome != api.OutcomeOK {
@@ -251,15 +264,28 @@ func (s *Service) takeOperation(ctx context.Context, rec api.Receipt) {
 		changed = true
 	}
 	target := map[string]string{"power_on": "on", "power_off": "off", "power_cycle": "on", "power_reset": "on"}[rec.Action]
-	if rec.Action == "power_status" {
+	read := rec.Action == "power_status"
+	if read {
 		target = normPower(rec.State)
 	}
+	var events []api.Event
 	if target != "" && target != o.Power && end.UnixNano() >= o.PowerSinceUnixNano {
-		o.PreviousPower, o.Power, o.PowerSinceUnixNano = o.Power, target, end.UnixNano()
-		o.PowerCause, o.PowerOperation = state.CauseOperation, rec.ID
 		s.mu.Lock()
+		prevAt := m.sameAt
 		m.sameAt = end
 		s.mu.Unlock()
+		if read {
+			first := o.Power == ""
+			if ev := s.change(&o, target, end, prevAt, rec.Agent); ev != nil {
+				events = append(events, *ev)
+			}
+			if first {
+				o.PowerCause, o.PowerOperation = state.CauseOperation, rec.ID
+			}
+		} else {
+			o.PreviousPower, o.Power, o.PowerSinceUnixNano = o.Power, target, end.UnixNano()
+			o.PowerCause, o.PowerOperation = state.CauseOperation, rec.ID
+		}
 		changed = true
 	} else if target != "" && target == o.Power {
 		s.mu.Lock()
@@ -269,7 +295,7 @@ func (s *Service) takeOperation(ctx context.Context, rec api.Receipt) {
 	if changed {
 		o.LastContactUnixNano = end.UnixNano()
 		o.Agent = clean(rec.Agent, state.MaxNameBytes)
-		s.write(ctx, []state.Observed{o}, nil)
+		s.write(ctx, []state.Observed{o}, events)
 	}
 }
 

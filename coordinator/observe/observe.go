@@ -29,8 +29,12 @@
 // Explained changes: a change of power state is the work of obmesh when a
 // power operation on the node is in flight (Config.Busy) or ended within
 // ExplainWindow (SoftOffWindow for soft_off, which an OS carries out late)
-// before the reading; otherwise it is "external": recorded in the node's
-// observed record (from, to, when) and published (api.EventPowerChanged).
+// before the reading and leads to the state read (on explains a change to
+// on, off and soft_off to off, cycle and reset to on: see explainsTo);
+// otherwise it is "external": recorded in the node's observed record
+// (from, to, when), counted and published (api.EventPowerChanged). A power
+// status read is a reading like the sync's: it never explains a change,
+// and a change it finds is external unless a power operation explains it.
 // A reading taken before the current state was recorded is stale and
 // ignored, so a sync read that raced an operation never undoes its result.
 package observe
@@ -113,10 +117,34 @@ type memory struct {
 	sameAt time.Time
 }
 
-// explain is an obmesh power operation that explains changes until until.
+// explain is an obmesh power operation that explains changes to the
+// states in to until until.
 type explain struct {
 	op    string
 	until time.Time
+	to    []string
+}
+
+// explainsTo are the power states an ended power operation explains a
+// change to. on explains on; off and soft_off explain off. cycle and reset
+// end on (the drivers wait for the machine to be on again, and a cycle or
+// reset of a machine that is off powers it on), so a successful one
+// explains on only: the off in between happens while it is in flight
+// (Config.Busy). One that did not end ok (it failed or its outcome is
+// unknown) may have stopped half-way, off, so it explains either.
+func explainsTo(action string, ok bool) []string {
+	switch action {
+	case "power_on":
+		return []string{"on"}
+	case "power_off", "power_soft_off":
+		return []string{"off"}
+	case "power_cycle", "power_reset":
+		if ok {
+			return []string{"on"}
+		}
+		return []string{"on", "off"}
+	}
+	return nil
 }
 
 // work is one item for the ingest goroutine.
@@ -425,9 +453,11 @@ func (s *Service) Assignment(agentID string, _ []string) (*agentpb.PowerSyncAssi
 	return a, nil
 }
 
-// explained reports the operation that explains a change of node read at
-// t, if any.
-func (s *Service) explained(node string, t time.Time) (string, bool) {
+// explained reports the operation that explains a change of node to the
+// power state to, read at t, if any: a power operation in flight explains
+// any change; one that ended explains, within its window, only a change to
+// a state it leads to (explainsTo).
+func (s *Service) explained(node, to string, t time.Time) (string, bool) {
 	if s.cfg.Busy != nil && s.cfg.Busy(node) {
 		return "", true
 	}
@@ -439,6 +469,9 @@ func (s *Service) explained(node string, t time.Time) (string, bool) {
 	}
 	if t.After(e.until) {
 		delete(s.explains, node)
+		return "", false
+	}
+	if !slices.Contains(e.to, to) {
 		return "", false
 	}
 	return e.op, true

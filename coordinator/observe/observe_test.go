@@ -326,3 +326,95 @@ func TestReport_OnlyFromAnAgentOfTheNodesSite(t *testing.T) {
 		t.Fatalf("events %+v", *events)
 	}
 }
+
+// A power status read is a reading, not a cause: a change it finds that
+// no power operation explains is external (recorded, counted, published),
+// never "changed by" the read itself.
+func TestOperation_StatusReadFindsExternalChange(t *testing.T) {
+	s, fs, _, events := fixture(t, 2)
+	ctx := context.Background()
+	t0 := time.Now().Add(-time.Minute)
+	n0, _ := fs.st.Node("n0")
+	n1, _ := fs.st.Node("n1")
+	s.takeReport(ctx, "ag1", report(obs(n0, "on", "ok", t0), obs(n1, "on", "ok", t0)))
+	// n0: switched off outside obmesh; a status read is the first to see it.
+	s.takeOperation(ctx, api.Receipt{ID: "op-read", Node: "n0", Agent: "ag1", Action: "power_status", State: "off", Outcome: api.OutcomeOK, FinishedAt: t0.Add(10 * time.Second)})
+	o, _ := fs.st.Observed("n0")
+	if o.Power != "off" || o.PowerCause != state.CauseExternal || o.PowerOperation != "" || o.External == nil || o.External.From != "on" || o.External.To != "off" {
+		t.Fatalf("a change a status read found recorded as %+v", o)
+	}
+	if len(*events) != 1 || (*events)[0].Node != "n0" || (*events)[0].Kind != api.EventPowerChanged {
+		t.Fatalf("events %+v, want n0's power_changed", *events)
+	}
+	if st := s.Stats(); st.ExternalChanges != 1 {
+		t.Fatalf("external changes counted %d, want 1", st.ExternalChanges)
+	}
+	// The next sync reading agrees: nothing more.
+	s.takeReport(ctx, "ag1", report(obs(n0, "off", "ok", t0.Add(11*time.Second))))
+	if len(*events) != 1 {
+		t.Fatalf("events %+v after a reading that agrees", *events)
+	}
+	// n1: an obmesh power off whose outcome is unknown explains the off a
+	// status read then finds.
+	s.takeOperation(ctx, api.Receipt{ID: "op-off", Node: "n1", Action: "power_off", Outcome: api.OutcomeUnknown, FinishedAt: t0.Add(10 * time.Second)})
+	s.takeOperation(ctx, api.Receipt{ID: "op-read2", Node: "n1", Action: "power_status", State: "off", Outcome: api.OutcomeOK, FinishedAt: t0.Add(12 * time.Second)})
+	if o, _ := fs.st.Observed("n1"); o.Power != "off" || o.PowerCause != state.CauseOperation || o.PowerOperation != "op-off" || o.External != nil {
+		t.Fatalf("an off explained by an obmesh power off recorded as %+v", o)
+	}
+	if len(*events) != 1 {
+		t.Fatalf("events %+v, want only n0's", *events)
+	}
+}
+
+// An operation explains only a change to the state it leads to: a power
+// on does not hide an external off a second later, whatever the window.
+func TestExplain_OnlyTheDirectionTheOperationLeadsTo(t *testing.T) {
+	cases := []struct {
+		action  string
+		outcome string
+		from    string
+		to      string
+		explain bool
+	}{
+		{"power_on", api.OutcomeUnknown, "off", "on", true},
+		{"power_on", api.OutcomeOK, "on", "off", false},
+		{"power_on", api.OutcomeUnknown, "on", "off", false},
+		{"power_off", api.OutcomeUnknown, "on", "off", true},
+		{"power_off", api.OutcomeOK, "off", "on", false},
+		{"power_soft_off", api.OutcomeUnknown, "on", "off", true},
+		{"power_soft_off", api.OutcomeOK, "off", "on", false},
+		{"power_cycle", api.OutcomeOK, "off", "on", true},
+		{"power_cycle", api.OutcomeOK, "on", "off", false},
+		{"power_cycle", api.OutcomeUnknown, "on", "off", true}, // stopped half-way
+		{"power_reset", api.OutcomeOK, "off", "on", true},
+		{"power_reset", api.OutcomeOK, "on", "off", false},
+	}
+	for _, c := range cases {
+		t.Run(c.action+"_"+c.outcome+"_to_"+c.to, func(t *testing.T) {
+			s, fs, _, events := fixture(t, 1)
+			ctx := context.Background()
+			t0 := time.Now().Add(-time.Minute)
+			n, _ := fs.st.Node("n0")
+			s.takeReport(ctx, "ag1", report(obs(n, c.from, "ok", t0)))
+			s.takeOperation(ctx, api.Receipt{ID: "op-1", Node: "n0", Action: c.action, Outcome: c.outcome, FinishedAt: t0.Add(time.Second)})
+			// Whatever the operation recorded, the node is recorded as from
+			// (as a reading between the two would have it).
+			o, _ := fs.st.Observed("n0")
+			o.Power, o.PowerSinceUnixNano = c.from, t0.Add(2*time.Second).UnixNano()
+			if r, err := fs.Apply(ctx, state.PutObserved{Records: []state.Observed{o}}); err != nil || r.Err != nil {
+				t.Fatal(err, r.Err)
+			}
+			s.takeReport(ctx, "ag1", report(obs(n, c.to, "ok", t0.Add(3*time.Second))))
+			o, _ = fs.st.Observed("n0")
+			if o.Power != c.to {
+				t.Fatalf("the reading of %s was not taken: %+v", c.to, o)
+			}
+			if c.explain && (o.PowerCause != state.CauseOperation || o.PowerOperation != "op-1" || len(*events) != 0) {
+				t.Fatalf("a change to %s after %s (%s) not explained by it: %+v, events %+v", c.to, c.action, c.outcome, o, *events)
+			}
+			if !c.explain && (o.PowerCause != state.CauseExternal || len(*events) != 1) {
+				t.Fatalf("a change to %s after %s (%s) attributed to it: %+v, events %+v", c.to, c.action, c.outcome, o, *events)
+			}
+		})
+	}
+}
