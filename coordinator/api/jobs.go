@@ -124,6 +124,14 @@ const (
 // CodeJobFinished: a job that is over cannot be canceled (409).
 const CodeJobFinished = "job_finished"
 
+// CodeTooManyJobs: as many jobs run as a coordinator runs at once (429).
+// It is retryable: the same request succeeds once a job ends.
+const CodeTooManyJobs = "too_many_jobs"
+
+// MaxJobIDBytes bounds a job id in a request path (ids are 28
+// characters); a longer one is refused with 400.
+const MaxJobIDBytes = 64
+
 // LabelChange is the body of PATCH /v1/nodes/{name}/labels: Set labels
 // are set and Remove keys removed; a key in both is refused (400).
 type LabelChange struct {

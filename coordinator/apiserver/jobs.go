@@ -59,6 +59,8 @@ func (s *Server) jobError(err error) error {
 		return &apiError{http.StatusConflict, api.CodeJobFinished, err.Error()}
 	case notRunning != nil && errors.Is(err, notRunning):
 		return &apiError{http.StatusServiceUnavailable, api.CodeNoLeader, err.Error()}
+	case errors.Is(err, state.ErrTooManyJobs):
+		return &apiError{http.StatusTooManyRequests, api.CodeTooManyJobs, err.Error()}
 	}
 	return err
 }
@@ -110,7 +112,11 @@ func (s *Server) showJob(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	j, err := js.Get(r.Context(), r.PathValue("id"), r.URL.Query().Get("results"), r.URL.Query().Get("stale") == "true")
+	id, err := jobID(r)
+	if err != nil {
+		return err
+	}
+	j, err := js.Get(r.Context(), id, r.URL.Query().Get("results"), r.URL.Query().Get("stale") == "true")
 	if err != nil {
 		return s.jobError(err)
 	}
@@ -123,12 +129,25 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	j, err := js.Cancel(r.Context(), r.PathValue("id"))
+	id, err := jobID(r)
+	if err != nil {
+		return err
+	}
+	j, err := js.Cancel(r.Context(), id)
 	if err != nil {
 		return s.jobError(err)
 	}
 	writeJSON(w, http.StatusAccepted, j)
 	return nil
+}
+
+// jobID is the request's job id, refused when longer than any job id.
+func jobID(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	if len(id) > api.MaxJobIDBytes {
+		return "", badRequest("%s is not a job id: %d bytes, and an id has at most %d", api.Quote(id), len(id), api.MaxJobIDBytes)
+	}
+	return id, nil
 }
 
 // setLabels changes a node's labels (PATCH /v1/nodes/{name}/labels).

@@ -76,6 +76,25 @@ var (
 	ErrFinished = errors.New("job is already finished")
 )
 
+// notFoundError is ErrNotFound with a message of its own, so the API
+// says "no job X" rather than "job: not found: no job X".
+type notFoundError struct{ msg string }
+
+func (e *notFoundError) Error() string { return e.msg }
+func (e *notFoundError) Is(target error) bool {
+	return target == ErrNotFound || target == state.ErrNotFound
+}
+
+// noJob is the error for a job id that names no job (quoted: an id comes
+// from the client).
+func noJob(id string) error { return &notFoundError{"no job " + api.Quote(id)} }
+
+// finishedError is ErrFinished with a message of its own.
+type finishedError struct{ msg string }
+
+func (e *finishedError) Error() string        { return e.msg }
+func (e *finishedError) Is(target error) bool { return target == ErrFinished }
+
 // Config configures the service.
 type Config struct {
 	// DefaultParallelism is the per-site parallelism of a job that names
@@ -276,14 +295,17 @@ func (s *Service) validate(in api.JobSpec) (spec, error) {
 	case api.JobActionStatus:
 		j.Action = ops.ActPowerStatus
 	case api.JobActionBoot:
-		if in.Boot == nil || !contains(api.BootDevices, in.Boot.Device) {
-			return sp, fmt.Errorf("%w: the boot action needs a boot device: one of %s", ErrInvalid, strings.Join(api.BootDevices, ", "))
+		if in.Boot == nil || in.Boot.Device == "" {
+			return sp, fmt.Errorf("%w: the boot action needs a boot device (boot.device): one of %s", ErrInvalid, strings.Join(api.BootDevices, ", "))
+		}
+		if !contains(api.BootDevices, in.Boot.Device) {
+			return sp, fmt.Errorf("%w: unknown boot device %s; use one of %s", ErrInvalid, api.Quote(in.Boot.Device), strings.Join(api.BootDevices, ", "))
 		}
 		j.Action, j.BootDevice, j.Persistent, j.EFI = ops.ActBootDevice, in.Boot.Device, in.Boot.Persistent, in.Boot.EFI
 	default:
 		act, ok := ops.PowerAction(in.Action)
 		if !ok {
-			return sp, fmt.Errorf("%w: unknown job action %q; use one of %s, %s or %s", ErrInvalid, in.Action,
+			return sp, fmt.Errorf("%w: unknown job action %s; use one of %s, %s or %s", ErrInvalid, api.Quote(in.Action),
 				strings.Join(api.PowerActions, ", "), api.JobActionStatus, api.JobActionBoot)
 		}
 		j.Action = act
@@ -305,7 +327,7 @@ func (s *Service) validate(in api.JobSpec) (spec, error) {
 	if in.Timeout != "" {
 		d, err := time.ParseDuration(in.Timeout)
 		if err != nil || d <= 0 || d > s.cfg.MaxTimeout {
-			return sp, fmt.Errorf("%w: timeout %q must be a duration between 0 and %v, like 30s", ErrInvalid, in.Timeout, s.cfg.MaxTimeout)
+			return sp, fmt.Errorf("%w: timeout %s must be a duration between 0 and %v, like 30s", ErrInvalid, api.Quote(in.Timeout), s.cfg.MaxTimeout)
 		}
 		sp.timeout = d
 	}
@@ -341,7 +363,7 @@ func resolve(all []state.Node, sel api.Selector) ([]string, string, error) {
 			}
 			seen[n] = true
 			if !known[n] {
-				missing = append(missing, fmt.Sprintf("%q", n))
+				missing = append(missing, api.Quote(n))
 				continue
 			}
 			out = append(out, n)
@@ -351,7 +373,7 @@ func resolve(all []state.Node, sel api.Selector) ([]string, string, error) {
 			if len(missing) > 5 {
 				more, missing = fmt.Sprintf(" and %d more", len(missing)-5), missing[:5]
 			}
-			return nil, "", fmt.Errorf("%w: no such node: %s%s", ErrNotFound, strings.Join(missing, ", "), more)
+			return nil, "", &notFoundError{fmt.Sprintf("no such node: %s%s", strings.Join(missing, ", "), more)}
 		}
 		sort.Strings(out)
 		display = "nodes " + strings.Join(out, ",")
@@ -367,7 +389,7 @@ func resolve(all []state.Node, sel api.Selector) ([]string, string, error) {
 		}
 		if sel.Site != "" {
 			if !state.ValidName(sel.Site) {
-				return nil, "", fmt.Errorf("%w: site %q is not a site name", ErrInvalid, sel.Site)
+				return nil, "", fmt.Errorf("%w: site %s is not a site name", ErrInvalid, api.Quote(sel.Site))
 			}
 			parts = append(parts, "site "+sel.Site)
 		}
@@ -561,14 +583,14 @@ func (s *Service) Cancel(ctx context.Context, id string) (api.Job, error) {
 	}
 	info, ok := s.st.State().JobInfo(id)
 	if !ok {
-		return api.Job{}, fmt.Errorf("%w: no job %s", ErrNotFound, id)
+		return api.Job{}, noJob(id)
 	}
 	s.mu.Lock()
 	r := s.running[id]
 	s.mu.Unlock()
 	if r == nil {
 		if info.State != state.JobRunning {
-			return toAPI(info), fmt.Errorf("%w: job %s is %s", ErrFinished, id, info.State)
+			return toAPI(info), &finishedError{fmt.Sprintf("job %s is already over (%s): there is nothing to cancel", id, info.State)}
 		}
 		// A job a lost leader left: the sweep reports it interrupted.
 		s.Sweep(ctx)

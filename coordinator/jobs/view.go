@@ -48,7 +48,7 @@ func (s *Service) Get(ctx context.Context, id, results string, stale bool) (api.
 		results = api.ResultsFailed
 	}
 	if results != api.ResultsNone && results != api.ResultsFailed && results != api.ResultsAll {
-		return api.Job{}, fmt.Errorf("%w: results=%q: use none, failed or all", ErrInvalid, results)
+		return api.Job{}, fmt.Errorf("%w: results=%s: use none, failed or all", ErrInvalid, api.Quote(results))
 	}
 	if !stale {
 		if err := s.st.VerifyLeader(ctx); err != nil {
@@ -59,13 +59,13 @@ func (s *Service) Get(ctx context.Context, id, results string, stale bool) (api.
 	if results == api.ResultsNone {
 		info, ok := st.JobInfo(id)
 		if !ok {
-			return api.Job{}, fmt.Errorf("%w: no job %s", ErrNotFound, id)
+			return api.Job{}, noJob(id)
 		}
 		return toAPI(info), nil
 	}
 	j, ok := st.Job(id)
 	if !ok {
-		return api.Job{}, fmt.Errorf("%w: no job %s", ErrNotFound, id)
+		return api.Job{}, noJob(id)
 	}
 	info, _ := st.JobInfo(id)
 	out := toAPI(info)

@@ -3,6 +3,7 @@ package state
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 )
@@ -50,6 +51,10 @@ const (
 	// was canceled or was interrupted first).
 	JobSkipped = "skipped"
 )
+
+// ErrTooManyJobs: MaxRunningJobs run already. It is not ErrInvalid: the
+// same request succeeds once a job ends (the API answers 429).
+var ErrTooManyJobs = errors.New("too many running jobs")
 
 // Limits on jobs.
 const (
@@ -316,7 +321,7 @@ func (s *State) applyCreateJob(index uint64, c CreateJob) Result {
 		}
 	}
 	if running >= MaxRunningJobs {
-		return Result{Err: invalid("%d jobs are running already; wait for one to finish or cancel one", running)}
+		return Result{Err: fmt.Errorf("%w: %d jobs are running already (at most %d); wait for one to finish or cancel one", ErrTooManyJobs, running, MaxRunningJobs)}
 	}
 	j.State, j.CreateIndex, j.CreatedUnixNano = JobRunning, index, c.StampUnixNano
 	j.Nodes = append([]string(nil), j.Nodes...)

@@ -60,7 +60,7 @@ func TestCreateJob_RunningLimit(t *testing.T) {
 			t.Fatal(r.Err)
 		}
 	}
-	if r := mustApply(t, s, 100, CreateJob{Job: testJob(1000, "a")}); !errors.Is(r.Err, ErrInvalid) {
+	if r := mustApply(t, s, 100, CreateJob{Job: testJob(1000, "a")}); !errors.Is(r.Err, ErrTooManyJobs) || errors.Is(r.Err, ErrInvalid) {
 		t.Fatalf("job %d while %d run: %v, want refused", MaxRunningJobs+1, MaxRunningJobs, r.Err)
 	}
 	mustApply(t, s, 101, UpdateJob{ID: testJobID(0), State: JobDone})
