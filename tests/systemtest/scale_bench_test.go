@@ -146,9 +146,15 @@ func pluginCPU() time.Duration {
 //     flight, opening every BMC session;
 //
 // and per iteration a sweep on open sessions (sweep-s, p50/p99 per node,
-// status/s), then heap per node after the sweeps (coordinator and agent:
-// sessions, receipts, power readings) and the plugin process's RSS per
-// node.
+// status/s); then one sweep as a bulk job (job-sweep-s, job-p50/p99 per
+// node), the heap per node after the sweeps (coordinator and agent:
+// receipts, power readings, observed state) and the plugin process's RSS
+// per node. Nodes that failed are counted (first-sweep-failed,
+// failed/sweep; more than 1% fails the benchmark) with the packets the
+// fleet dropped. The power sync runs at its defaults throughout.
+// OBMESH_BENCH_SCALE_NODES sets the number of nodes,
+// OBMESH_BENCH_REGISTER_PROFILE a file for a CPU profile of the
+// registrations.
 func BenchmarkScale10k(b *testing.B) {
 	n := scaleNodes()
 	fleet, err := bmcsim.StartIPMIFleetShared(n, "scale", "admin", "pw")
