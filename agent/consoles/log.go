@@ -113,7 +113,7 @@ var ErrNoLog = errors.New("no console log for this node on this agent")
 // (Request.From) and miss nothing; session is empty otherwise.
 func (m *Manager) Tail(node string, lines int, maxBytes int) (data []byte, session string, end uint64, err error) {
 	if m.cfg.LogDir == "" {
-		return nil, "", 0, fmt.Errorf("%w (console logging is not configured: consoles.log_dir)", ErrNoLog)
+		return nil, "", 0, fmt.Errorf("%w: console logging is not configured on this agent (set consoles.log_dir in its configuration)", ErrNoLog)
 	}
 	name, err := logName(node)
 	if err != nil {
@@ -163,7 +163,7 @@ func (m *Manager) Tail(node string, lines int, maxBytes int) (data []byte, sessi
 		total += len(b)
 	}
 	if !found {
-		return nil, "", 0, fmt.Errorf("%w: %s", ErrNoLog, node)
+		return nil, "", 0, fmt.Errorf("%w: %s (a node is logged while its option or label console-log is on)", ErrNoLog, node)
 	}
 	var all []byte
 	for i := len(parts) - 1; i >= 0; i-- {

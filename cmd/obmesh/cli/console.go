@@ -28,16 +28,19 @@ ends when the node's side does, or on Ctrl-C.
 
 When the connection is lost (a coordinator dies, the leader changes) the
 console reconnects through any member (those -addr lists, comma-separated,
-and the group's other members as the first one names them) and continues
-from the last byte it printed; output it could not get back is reported as
-missed.
+and the group's other members as the members list them, learned again
+while the console runs) for up to a minute, and continues from the last
+byte it printed; output it could not get back is reported as missed.
 
 obmesh console log NODE [-tail N] [-follow] prints the node's console log
 kept on its agent's disk (logging is on for nodes with the option or label
-console-log=on, or all nodes by the agent's consoles.log_all).`
+console-log=on, or all nodes by the agent's consoles.log_all; the agent
+needs consoles.log_dir). A node named log: obmesh console -- log.`
 
 func consoleCommand() *Command {
-	return &Command{Name: "console", Synopsis: "Attach to a node's serial console (~. leaves); console log NODE prints its log", Run: runConsole}
+	log := &Command{Name: "log", Synopsis: "Print a node's console log kept on its agent (-tail N, -follow)", Run: runConsoleLog}
+	return &Command{Name: "console", Synopsis: "Attach to a node's serial console, shared with other viewers (console log NODE: its log)",
+		Run: runConsole, Subs: []*Command{log}}
 }
 
 // consoleReconnectFor bounds how long a lost console keeps trying to
@@ -45,9 +48,6 @@ func consoleCommand() *Command {
 const consoleReconnectFor = 60 * time.Second
 
 func runConsole(ctx context.Context, env Env, args []string) int {
-	if len(args) >= 2 && args[0] == "log" {
-		return runConsoleLog(ctx, env, args[1:])
-	}
 	fs := NewFlagSet(env, "NODE [flags]", consoleAbout)
 	var f clientFlags
 	f.registerNoOutput(fs, env)
@@ -60,7 +60,7 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 	if len(pos) != 1 {
 		return Usagef(env, "want NODE, got %d argument(s)", len(pos))
 	}
-	members, err := f.members()
+	given, err := f.members()
 	if err != nil {
 		return Usagef(env, "%s", err)
 	}
@@ -93,15 +93,23 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 	}
 	opts := api.ConsoleOptions{ReadOnly: *ro, Replay: *replay, OnEvent: onEvent}
 	octx, cancel := context.WithTimeout(ctx, min(f.timeout, 60*time.Second))
-	con, err := dialConsole(octx, members, 0, node, opts)
+	con, err := dialConsole(octx, given, 0, node, opts)
 	cancel()
 	if err != nil {
 		return reportError(env, "table", err)
 	}
-	// The group's other members, to reconnect through if this one goes.
+	// The group's other members, to reconnect through if this one goes:
+	// learned now and again while the console runs.
+	members := newConsoleMembers(&f, given)
 	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
-	members = f.withPeers(pctx, members)
+	complete := members.learn(pctx)
 	pcancel()
+	lctx, lcancel := context.WithCancel(ctx)
+	defer lcancel()
+	var lwg sync.WaitGroup
+	defer lwg.Wait()
+	defer lcancel()
+	lwg.Go(func() { members.keepLearning(lctx, complete) })
 
 	if raw {
 		old, err := term.MakeRaw(int(stdinFile.Fd()))
@@ -187,11 +195,22 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 		o.HasFrom, o.From, o.Session = true, c.Offset(), c.Session()
 		rctx, rcancel := context.WithTimeout(ctx, consoleReconnectFor)
 		var next *api.ConsoleConn
-		for next == nil && rctx.Err() == nil {
-			member = (member + 1) % len(members)
+		for round := 0; next == nil && rctx.Err() == nil; round++ {
+			if round > 0 {
+				// The group may have changed, or its list was not
+				// learned before the member that answered it went.
+				pctx, pcancel := context.WithTimeout(rctx, 3*time.Second)
+				members.learn(pctx)
+				pcancel()
+			}
+			ms := members.all()
+			member = (member + 1) % len(ms)
 			actx, acancel := context.WithTimeout(rctx, 10*time.Second)
-			next, err = dialConsole(actx, members, member, node, o)
+			next, err = dialConsole(actx, ms, member, node, o)
 			acancel()
+			if next == nil && err != nil {
+				err = fmt.Errorf("could not reconnect within %v through %d member(s); the last said: %w", consoleReconnectFor, len(ms), err)
+			}
 			if next == nil {
 				select {
 				case <-rctx.Done():
@@ -250,42 +269,99 @@ func dialConsole(ctx context.Context, members []*api.Client, i int, node string,
 	return nil, err
 }
 
-// withPeers adds a client for each group member (GET
-// /v1/operator/raft/peers, asked of the first member that answers) that
-// members does not have yet.
-func (f *clientFlags) withPeers(ctx context.Context, members []*api.Client) []*api.Client {
+// consoleMembers are the members a console reconnects through: those
+// -addr names, then the group's others as a member lists them (GET
+// /v1/operator/raft/peers). The list is learned when the console opens and
+// again while it runs: the first answer may come too late (a loaded
+// machine), name a member that has not recorded its API address yet, or
+// the group may change.
+type consoleMembers struct {
+	f    *clientFlags
+	mu   sync.Mutex
+	list []*api.Client
+	have map[string]bool // host:port of every member in list
+}
+
+func newConsoleMembers(f *clientFlags, given []*api.Client) *consoleMembers {
+	m := &consoleMembers{f: f, list: given, have: map[string]bool{}}
+	for a := range strings.SplitSeq(f.addr, ",") {
+		m.have[hostPort(a)] = true
+	}
+	return m
+}
+
+// hostPort is an -addr entry without its scheme and trailing slash.
+func hostPort(a string) string {
+	a = strings.TrimSpace(a)
+	if _, hp, ok := strings.Cut(a, "://"); ok {
+		a = hp
+	}
+	return strings.TrimSuffix(a, "/")
+}
+
+// all is the members known now.
+func (m *consoleMembers) all() []*api.Client {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]*api.Client(nil), m.list...)
+}
+
+// learn asks the known members in turn (bounded by ctx) for the group's
+// peers and adds those it lacks. It reports whether an answer named every
+// peer's API address.
+func (m *consoleMembers) learn(ctx context.Context) bool {
 	scheme := ""
-	if s, _, ok := strings.Cut(f.addr, "://"); ok {
+	if s, _, ok := strings.Cut(m.f.addr, "://"); ok {
 		scheme = s + "://"
 	}
-	have := map[string]bool{}
-	for a := range strings.SplitSeq(f.addr, ",") {
-		a = strings.TrimSpace(a)
-		_, hostport, ok := strings.Cut(a, "://")
-		if !ok {
-			hostport = a
-		}
-		have[strings.TrimSuffix(hostport, "/")] = true
-	}
-	for _, m := range members {
-		peers, err := m.Peers(ctx)
+	for _, c := range m.all() {
+		peers, err := c.Peers(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				return false
+			}
 			continue
 		}
+		complete := true
+		m.mu.Lock()
 		for _, p := range peers {
-			if p.APIAddr == "" || have[p.APIAddr] {
+			if p.APIAddr == "" {
+				complete = false
 				continue
 			}
-			have[p.APIAddr] = true
-			g := *f
+			if m.have[p.APIAddr] {
+				continue
+			}
+			g := *m.f
 			g.addr = scheme + p.APIAddr
-			if c, err := g.client(); err == nil {
-				members = append(members, c)
+			if pc, err := g.client(); err == nil {
+				m.have[p.APIAddr] = true
+				m.list = append(m.list, pc)
 			}
 		}
-		break
+		m.mu.Unlock()
+		return complete
 	}
-	return members
+	return false
+}
+
+// keepLearning learns the group's members again until ctx ends: every 2 s
+// until an answer named every member (complete), then every 30 s.
+func (m *consoleMembers) keepLearning(ctx context.Context, complete bool) {
+	for {
+		wait := 2 * time.Second
+		if complete {
+			wait = 30 * time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		complete = m.learn(pctx)
+		cancel()
+	}
 }
 
 // members returns a client per address in -addr (comma-separated).

@@ -231,3 +231,117 @@ func TestConsole_ReconnectsFromLastOffset(t *testing.T) {
 		t.Fatalf("stderr %q", e)
 	}
 }
+
+// A console given one member reconnects through a member it learned from
+// the peers list only after the connection was lost (the first answer
+// named the other member without its API address): the list is learned
+// again while reconnecting, not once at the start.
+func TestConsole_ReconnectsThroughAMemberLearnedLater(t *testing.T) {
+	var mu sync.Mutex
+	var peersAsked int
+	var bQueries []string
+	var bURL string
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case r.URL.Path == "/v1/operator/raft/peers":
+			peersAsked++
+			b := api.Peer{ID: "c2"}
+			if peersAsked > 1 {
+				b.APIAddr = strings.TrimPrefix(bURL, "http://")
+			}
+			json.NewEncoder(w).Encode([]api.Peer{{ID: "c1", APIAddr: "127.0.0.1:1"}, b})
+		case r.URL.Query().Get("from") == "":
+			mu.Unlock()
+			defer mu.Lock()
+			ws, err := websocket.Accept(w, r, nil)
+			if err != nil {
+				return
+			}
+			ws.Write(r.Context(), websocket.MessageText, []byte(`{"type":"attach","session":"s1","offset":0,"writer":false}`))
+			ws.Write(r.Context(), websocket.MessageBinary, []byte("one\n"))
+			ws.Close(websocket.StatusTryAgainLater, "the leader was lost")
+		default:
+			// This member's leader is gone: it cannot serve the console.
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	defer a.Close()
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/operator/raft/peers" {
+			http.Error(w, "no", http.StatusInternalServerError)
+			return
+		}
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		bQueries = append(bQueries, r.URL.RawQuery)
+		mu.Unlock()
+		ws.Write(r.Context(), websocket.MessageText, []byte(`{"type":"attach","session":"s1","offset":4,"writer":false}`))
+		ws.Write(r.Context(), websocket.MessageBinary, []byte("two\n"))
+		ws.Close(websocket.StatusNormalClosure, "console ended")
+	}))
+	defer b.Close()
+	mu.Lock()
+	bURL = b.URL
+	mu.Unlock()
+	var out, errb syncBuffer
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	env := Env{Stdin: pr, Stdout: &out, Stderr: &errb, Getenv: func(k string) string {
+		return map[string]string{"OBMESH_ADDR": a.URL, "OBMESH_TOKEN": "t"}[k]
+	}}
+	codeCh := make(chan int, 1)
+	go func() {
+		codeCh <- (&Command{Subs: Commands()}).Execute(context.Background(), env, []string{"console", "n1", "-ro"})
+	}()
+	waitFor(t, func() bool { return strings.Contains(out.String(), "two") })
+	pw.Close()
+	select {
+	case code := <-codeCh:
+		if code != 0 || out.String() != "one\ntwo\n" {
+			t.Fatalf("exit %d, output %q; stderr %q", code, out.String(), errb.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the console did not end; output %q, stderr %q", out.String(), errb.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bQueries) != 1 || !strings.Contains(bQueries[0], "from=4") {
+		t.Fatalf("the learned member was asked %q, want one console from=4", bQueries)
+	}
+}
+
+// console log is a command of its own: its usage, flag errors and errors
+// name "obmesh console log", and the console's synopsis is listed whole.
+func TestConsoleLog_NamesItself(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var eb api.ErrorBody
+		eb.Error.Code, eb.Error.Message = api.CodeUnsupported, "no console log for this node on this agent: console logging is not configured on this agent (set consoles.log_dir in its configuration)"
+		w.WriteHeader(http.StatusNotImplemented)
+		json.NewEncoder(w).Encode(eb)
+	}))
+	defer srv.Close()
+	code, _, errs := runWith(t, context.Background(), srv.URL, "console", "log", "-h")
+	if code != 0 || !strings.Contains(errs, "Usage: obmesh console log NODE") || !strings.Contains(errs, "-follow") {
+		t.Errorf("console log -h: exit %d:\n%s", code, errs)
+	}
+	code, _, errs = runWith(t, context.Background(), srv.URL, "console", "log", "n1", "-nope")
+	if code != 2 || !strings.Contains(errs, "Usage: obmesh console log NODE") {
+		t.Errorf("console log -nope: exit %d:\n%s", code, errs)
+	}
+	code, _, errs = runWith(t, context.Background(), srv.URL, "console", "log", "n1")
+	if code == 0 || !strings.HasPrefix(errs, "obmesh console log: ") || !strings.Contains(errs, "consoles.log_dir") {
+		t.Errorf("console log of an agent without logging: exit %d: %s", code, errs)
+	}
+	var out bytes.Buffer
+	(&Command{Subs: Commands()}).usage(Env{Path: "obmesh"}, &out)
+	for _, l := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == "console" && !strings.HasSuffix(l, ")") {
+			t.Errorf("the console's synopsis is cut: %q", l)
+		}
+	}
+}

@@ -40,6 +40,7 @@ var completionCases = []struct {
 	{[]string{"agent", ""}, []string{"list", "FILES"}},
 	{[]string{"coordinator", "-config", "con"}, []string{"FILES"}},
 	{[]string{"node", "list", ""}, []string{"FILES"}},
+	{[]string{"console", ""}, []string{"log", "FILES"}},
 	{[]string{"nosuch", ""}, nil},
 }
 

@@ -87,6 +87,9 @@ func DevSetup(dir, httpAddr string) (coordinator.Config, agent.Config, error) {
 	// The event relay the simulated Redfish BMCs post to (relay-mode
 	// subscriptions), on loopback like everything else.
 	ac.Relay = agent.RelayConfig{Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, "relay")}
+	// Console logs (nodes labelled console-log=on; obmesh console log)
+	// under the data directory, small so a try fills a rotation.
+	ac.Consoles.LogDir = filepath.Join(dir, "console-logs")
 	return cc, ac, nil
 }
 

@@ -21,6 +21,11 @@ func TestDevSetup_AgentCertificateNamesItsSites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Console logs can be tried in dev: the agent has a log directory
+	// under the data directory.
+	if ac.Consoles.LogDir == "" || !strings.HasPrefix(ac.Consoles.LogDir, dir) {
+		t.Errorf("dev agent console log directory %q, want one under %s", ac.Consoles.LogDir, dir)
+	}
 	sites, err := tlsutil.FileSites(ac.TLS.CertFile)
 	if err != nil || !slices.Equal(sites, ac.Sites) || len(sites) == 0 {
 		t.Fatalf("dev agent certificate names %v (%v), agent serves %v", sites, err, ac.Sites)
