@@ -303,3 +303,21 @@ func TestSameFile(t *testing.T) {
 		t.Errorf("the file restored is not the same file")
 	}
 }
+
+// Run forgets a plugin whose file was removed once its processes are
+// gone: a host that sees plugins come and go does not keep them all.
+func TestRun_ForgetsARemovedPluginOnceDrained(t *testing.T) {
+	dir := t.TempDir()
+	path := script(t, dir, "acme", selfPlugin("mock", "OBMESH_PH_NAME=acme"), 0o755)
+	h := runHost(t, Config{Dir: dir, RescanInterval: -1}, nil)
+	waitDriver(t, h, "acme", "ok", healthIs(HealthOK))
+	os.Remove(path)
+	h.Rescan()
+	deadline := time.Now().Add(30 * time.Second)
+	for plug(h, "acme") != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the removed plugin is still held by the host 30s after its removal")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
