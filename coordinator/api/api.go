@@ -39,7 +39,8 @@ type Node struct {
 	// BMC is the BMC's identity when it was asked for (obmesh node show,
 	// node register -check).
 	BMC map[string]string `json:"bmc,omitempty"`
-	// Power is the last power state the leader saw (node list and show).
+	// Power is the newest power state the leader knows: the last
+	// operation's answer or the observed state, whichever was read later.
 	Power *PowerReading `json:"power,omitempty"`
 	// Observed is the power sync's view of the node (observed.go).
 	Observed *Observed `json:"observed,omitempty"`

@@ -56,13 +56,23 @@ type NodeUpdate struct {
 	RemoveOptions []string          `json:"remove_options,omitempty"`
 }
 
-// PowerReading is the last power state the leader saw for a node (from an
-// operation's answer), and when. It lives in the leader's memory: a new
-// leader knows none until it runs operations.
+// PowerReading is the newest power state the leader knows of a node, when
+// it was read and where from. Source "operation": an obmesh operation's
+// answer (power status, on, off...), At when it ended; this lives in the
+// leader's memory. Source "sync": the node's observed state (Node.Observed,
+// the power sync's or a status read's record), At when that state was
+// first read. The newer of the two is shown (the operation's on a tie).
 type PowerReading struct {
-	State string    `json:"state"`
-	At    time.Time `json:"at"`
+	State  string    `json:"state"`
+	At     time.Time `json:"at"`
+	Source string    `json:"source,omitempty"`
 }
+
+// Sources of a PowerReading.
+const (
+	PowerFromOperation = "operation"
+	PowerFromSync      = "sync"
+)
 
 // Health is GET /v1/health, served without a token: the member is alive
 // (200 while the process answers; GET /v1/ready says whether it can serve).

@@ -28,3 +28,20 @@ func (s *Server) observed(name string) *api.Observed {
 	}
 	return view(n)
 }
+
+// newestPower is a node's newest power reading: the last operation's
+// answer on this leader (op, nil if none) or the observed state (o), which
+// wins only when it was read later (a change the power sync saw after
+// the operation).
+func newestPower(op *api.PowerReading, o *api.Observed) *api.PowerReading {
+	if op != nil {
+		op.Source = api.PowerFromOperation
+	}
+	if o == nil || o.Power == "" || o.PowerSince == nil {
+		return op
+	}
+	if op != nil && !o.PowerSince.After(op.At) {
+		return op
+	}
+	return &api.PowerReading{State: o.Power, At: *o.PowerSince, Source: api.PowerFromSync}
+}

@@ -183,14 +183,17 @@ func (s *Server) updateNode(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// withPower adds the last power reading this leader saw to a node.
+// withPower adds the observed state and the newest power reading
+// (newestPower, observed.go) to a node.
 func (s *Server) withPower(n api.Node) api.Node {
 	n.Observed = s.observed(n.Name)
+	var op *api.PowerReading
 	if pm, ok := s.ops.(powerMemory); ok {
 		if p, ok := pm.LastPower(n.Name); ok {
-			n.Power = &p
+			op = &p
 		}
 	}
+	n.Power = newestPower(op, n.Observed)
 	return n
 }
 

@@ -181,12 +181,13 @@ func nodeCommand() *Command {
 			ictx, cancel := context.WithTimeout(ctx, identityTimeout)
 			r, ierr := c.With(api.CallOptions{Timeout: serverTimeout(identityTimeout)}).Identity(ictx, args[0])
 			cancel()
+			var extra [][]string
 			if ierr == nil {
 				n.BMC = r.Identity
-			} else if f.output != "json" {
-				defer fmt.Fprintf(env.Stdout, "BMC identity: unavailable (%s)\n", termText(errLine(ierr)))
+			} else {
+				extra = append(extra, []string{"BMC identity:", "unavailable (" + errLine(ierr) + ")"})
 			}
-			printNode(env, f.output, n)
+			printNode(env, f.output, n, extra...)
 			return nil
 		})
 	del := apiCommand("delete", "Delete a node (its obmd token and event subscriptions go with it).", "NAME", 1, nil,
@@ -279,7 +280,9 @@ func readPassword(env Env, stdin bool, file string) (string, error) {
 	return env.Getenv("OBMESH_BMC_PASSWORD"), nil
 }
 
-func printNode(env Env, output string, n api.Node) {
+// printNode prints a node; extra rows (text output only) go last, in the
+// same columns.
+func printNode(env Env, output string, n api.Node, extra ...[]string) {
 	if output == "json" {
 		printJSON(env.Stdout, n)
 		return
@@ -289,9 +292,7 @@ func printNode(env Env, output string, n api.Node) {
 		{"Username:", n.Username}, {"Password:", map[bool]string{true: "stored (sealed with key " + n.CredentialKeyID + ")", false: "none"}[n.HasPassword]},
 		{"Key:", n.Key}, {"Created:", n.CreatedAt.Format("2006-01-02 15:04:05Z07:00")},
 	}
-	if n.Power != nil {
-		rows = append(rows, []string{"Power:", n.Power.State + " (last seen " + ago(&n.Power.At) + ")"})
-	}
+	rows = append(rows, powerRows(n)...)    // node_observed.go
 	rows = append(rows, observedRows(n)...) // node_observed.go
 	rows = append(rows, labelRows(n)...)    // label.go
 	keys := make([]string, 0, len(n.Options))
@@ -310,5 +311,6 @@ func printNode(env Env, output string, n api.Node) {
 	for _, k := range bkeys {
 		rows = append(rows, []string{"BMC " + k + ":", n.BMC[k]})
 	}
+	rows = append(rows, extra...)
 	table(env.Stdout, "", rows)
 }

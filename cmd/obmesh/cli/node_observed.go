@@ -27,10 +27,15 @@ func observedColumns(n api.Node, wide bool) []string {
 		o = &api.Observed{}
 	}
 	power, health := dash(o.Power), dash(o.Health)
-	if o.Power == "" && n.Power != nil {
-		power = n.Power.State + " (" + ago(&n.Power.At) + ")"
+	if n.Power != nil && n.Power.State != "" {
+		// The newest reading (the API's power): the observed state or a
+		// later operation's answer.
+		power = n.Power.State
+		if o.Power == "" {
+			power += " (" + ago(&n.Power.At) + ")"
+		}
 	}
-	if o.Health == "unreachable" && o.ErrorClass != "" {
+	if o.Health == "unreachable" && o.ErrorClass != "" && o.ErrorClass != o.Health {
 		health += " (" + o.ErrorClass + ")"
 	}
 	cols := []string{power, health, agoOrDash(o.LastContact)}
@@ -65,6 +70,38 @@ func changedBy(o *api.Observed) string {
 	return "-"
 }
 
+// powerRows are node show's one power line: the newest reading (the API's
+// power, else the observed state), since when the node has been in that
+// state and what changed it when the observed state agrees, and where the
+// reading came from.
+func powerRows(n api.Node) [][]string {
+	o, p := n.Observed, n.Power
+	if p == nil && o != nil && o.Power != "" && o.PowerSince != nil {
+		p = &api.PowerReading{State: o.Power, At: *o.PowerSince, Source: api.PowerFromSync}
+	}
+	if p == nil || p.State == "" {
+		return nil
+	}
+	line := p.State
+	agrees := o != nil && o.Power == p.State && o.PowerSince != nil
+	if agrees {
+		line += " since " + stamp(o.PowerSince)
+		if o.PreviousPower != "" {
+			line += ", was " + o.PreviousPower
+		}
+	}
+	if p.Source == api.PowerFromSync {
+		line += "; from the power sync"
+	} else {
+		line += "; read by an obmesh operation " + ago(&p.At)
+	}
+	rows := [][]string{{"Power:", line}}
+	if agrees {
+		rows = append(rows, []string{"Changed by:", changedBy(o)})
+	}
+	return rows
+}
+
 // observedRows are the observed lines of node show.
 func observedRows(n api.Node) [][]string {
 	o := n.Observed
@@ -72,13 +109,6 @@ func observedRows(n api.Node) [][]string {
 		return [][]string{{"Observed:", "nothing yet (no agent has read this node's power state)"}}
 	}
 	var rows [][]string
-	if o.Power != "" {
-		p := o.Power + " since " + stamp(o.PowerSince)
-		if o.PreviousPower != "" {
-			p += ", was " + o.PreviousPower
-		}
-		rows = append(rows, []string{"Power (synced):", p}, []string{"Changed by:", changedBy(o)})
-	}
 	if x := o.External; x != nil {
 		line := fmt.Sprintf("%s -> %s, seen %s", x.From, x.To, stamp(&x.At))
 		if x.PreviousAt != nil {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -107,5 +108,77 @@ func TestStatus_CountsBMCHealth(t *testing.T) {
 	code, out, _ = runWith(t, context.Background(), srv.URL, "status", "-o", "json")
 	if code != 0 || !strings.Contains(out, `"bmc_health"`) {
 		t.Fatalf("status -o json: exit %d\n%s", code, out)
+	}
+}
+
+// node show prints one power line, the newest reading and where it came
+// from (an older operation's "on" next to a synced "off" contradicted
+// itself); an unavailable BMC identity is a row of the table, aligned;
+// node list's HEALTH does not repeat "unreachable".
+func TestNodeShow_OnePowerLineAndAlignedRows(t *testing.T) {
+	now := time.Now().UTC()
+	since, older := now.Add(-30*time.Second), now.Add(-97*time.Second)
+	node := api.Node{Name: "n1", Driver: "ipmi", Site: "a", Address: "10.0.0.1",
+		Power: &api.PowerReading{State: "off", At: since, Source: api.PowerFromSync},
+		Observed: &api.Observed{Power: "off", PreviousPower: "on", PowerSince: &since, PowerCause: "external", Health: "unreachable",
+			ErrorClass: "unreachable", Error: "no answer", LastContact: &older}}
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/v1/nodes/n1":
+			json.NewEncoder(w).Encode(node)
+		case "/v1/nodes/n1/identity":
+			w.WriteHeader(http.StatusNotFound)
+			w.Write([]byte(`{"error":{"code":"not_found","message":"none"}}`))
+		default:
+			json.NewEncoder(w).Encode([]api.Node{node})
+		}
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	code, out, errs := runWith(t, ctx, srv.URL, "node", "show", "n1")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var power []string
+	col := -1
+	for _, l := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
+		if strings.HasPrefix(l, "Power") {
+			power = append(power, l)
+		}
+		// Every row's value starts in the same column.
+		k, v, _ := strings.Cut(l, ":")
+		c := len(k) + 1 + len(v) - len(strings.TrimLeft(v, " "))
+		if col < 0 {
+			col = c
+		} else if c != col && strings.HasPrefix(l, "BMC identity:") {
+			t.Fatalf("BMC identity row not aligned with the others (%d, %d):\n%s", c, col, out)
+		}
+	}
+	if len(power) != 1 || !strings.Contains(power[0], "off since") || !strings.Contains(power[0], "was on") || !strings.Contains(power[0], "power sync") {
+		t.Fatalf("power lines %q:\n%s", power, out)
+	}
+	if !strings.Contains(out, "BMC identity:") || !strings.Contains(out, "outside obmesh") {
+		t.Fatalf("show:\n%s", out)
+	}
+
+	// An operation read on after the sync's off: its answer, not the
+	// observed record's cause.
+	mu.Lock()
+	node.Power = &api.PowerReading{State: "on", At: now, Source: api.PowerFromOperation}
+	mu.Unlock()
+	_, out, _ = runWith(t, ctx, srv.URL, "node", "show", "n1")
+	if strings.Count(out, "Power") != 1 || !strings.Contains(out, "Power:") || !strings.Contains(out, "on; read by an obmesh operation") || strings.Contains(out, "Changed by:") {
+		t.Fatalf("show after an operation's newer reading:\n%s", out)
+	}
+	_, out, _ = runWith(t, ctx, srv.URL, "node", "list")
+	if strings.Contains(out, "unreachable (unreachable)") || !strings.Contains(out, "unreachable") {
+		t.Fatalf("list:\n%s", out)
+	}
+	if f := strings.Fields(strings.Split(out, "\n")[1]); f[4] != "on" {
+		t.Fatalf("list's power is not the newest reading: %q", f)
 	}
 }
