@@ -285,8 +285,8 @@ func (f *clientFlags) client() (*api.Client, error) {
 	if f.output != "table" && f.output != "json" && f.output != "wide" {
 		return nil, fmt.Errorf("-o %q: use table, wide or json", f.output)
 	}
-	if f.timeout <= 0 {
-		return nil, fmt.Errorf("-timeout %v: must be more than zero", f.timeout)
+	if f.timeout <= 0 || f.timeout > maxServerTimeout {
+		return nil, fmt.Errorf("-timeout %v: must be more than zero and at most %v", f.timeout, maxServerTimeout)
 	}
 	hc, err := NewHTTPClient(f.tls)
 	if err != nil {

@@ -35,15 +35,18 @@ type followTimings struct {
 	poll      time.Duration // how often it asks for progress
 	lineEvery time.Duration // plain progress lines at most this often
 	tolerate  time.Duration // how long the API may fail (a failover) before it gives up
+	// rateAfter: a running job's rate is shown once the CLI has watched
+	// it this long (a rate over a poll or two is noise).
+	rateAfter time.Duration
 }
 
-var followEvery = followTimings{poll: 500 * time.Millisecond, lineEvery: 5 * time.Second, tolerate: 60 * time.Second}
+var followEvery = followTimings{poll: 500 * time.Millisecond, lineEvery: 5 * time.Second, tolerate: 60 * time.Second, rateAfter: 2 * time.Second}
 
 // selectorFlags pick the nodes of a job and shape it.
 type selectorFlags struct {
-	labels, site      string
-	all, yes, detach  bool
-	parallel, maxFail int
+	labels, site             string
+	all, yes, detach, dryRun bool
+	parallel, maxFail        int
 }
 
 func (s *selectorFlags) register(fs *flag.FlagSet) {
@@ -55,7 +58,25 @@ func (s *selectorFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&s.maxFail, "max-failures", 0, "stop starting operations once this many failed (0: no limit)")
 	fs.BoolVar(&s.yes, "yes", false, fmt.Sprintf("do not ask before a destructive action on more than %d nodes", confirmAbove))
 	fs.BoolVar(&s.detach, "detach", false, "start the job, print its id and return (follow it with obmesh job show -follow)")
+	fs.BoolVar(&s.dryRun, "dry-run", false, "print how many nodes the selector (or the names) picks, and the first 20, and start nothing")
 }
+
+// check refuses flag values the API would refuse, as usage errors.
+func (s *selectorFlags) check() error {
+	switch {
+	case s.parallel < 0 || s.parallel > maxParallel:
+		return fmt.Errorf("-parallel %d: must be 1 to %d (0: the default, 8)", s.parallel, maxParallel)
+	case s.maxFail < 0:
+		return fmt.Errorf("-max-failures %d: must not be negative (0: no limit)", s.maxFail)
+	case len(s.labels) > api.MaxSelectorBytes:
+		return fmt.Errorf("-l: the selector has %d bytes; at most %d", len(s.labels), api.MaxSelectorBytes)
+	}
+	return nil
+}
+
+// maxParallel is the largest -parallel (the API's bound,
+// state.MaxJobParallelism).
+const maxParallel = 256
 
 func (s *selectorFlags) any() bool { return s.labels != "" || s.site != "" || s.all }
 
@@ -116,15 +137,36 @@ func selectableCommand(name, synopsis, argsUsage string, trailing int, destructi
 		}
 		timeoutSet := false
 		fs.Visit(func(fl *flag.Flag) { timeoutSet = timeoutSet || fl.Name == "timeout" })
-		if len(pos) < trailing {
+		if err := sf.check(); err != nil {
+			return Usagef(env, "%s", err)
+		}
+		if len(pos) < trailing || len(pos) == 0 && !sf.any() {
 			return Usagef(env, "want %s, got %d argument(s)", argsUsage, len(pos))
 		}
 		names, rest := pos[:len(pos)-trailing], pos[len(pos)-trailing:]
+		if !sf.any() && len(names) == 0 {
+			// boot set X: X is the node or the device, and the other is missing.
+			words := strings.Fields(argsUsage)
+			last := words[len(words)-1]
+			if _, err := spec(rest); err == nil {
+				return Usagef(env, "want %s: name the node(s) before %s, or select nodes with -l, -site or -all", argsUsage, last)
+			}
+			return Usagef(env, "want %s: %s is missing after the node name(s)", argsUsage, last)
+		}
+		for _, n := range pos {
+			if len(n) > maxArgBytes {
+				return Usagef(env, "%s: %d bytes; a node name (or value) has at most %d", api.Quote(n), len(n), maxArgBytes)
+			}
+		}
+		js, err := spec(rest)
+		if err != nil {
+			return reportError(env, f.output, err)
+		}
 		c, err := f.client()
 		if err != nil {
 			return Usagef(env, "%s", err)
 		}
-		if !sf.any() && len(names) == 1 {
+		if !sf.any() && len(names) == 1 && !sf.dryRun {
 			f.deadline = time.Now().Add(f.timeout)
 			ctx, cancel := context.WithDeadline(ctx, f.deadline)
 			defer cancel()
@@ -133,14 +175,7 @@ func selectableCommand(name, synopsis, argsUsage string, trailing int, destructi
 			}
 			return 0
 		}
-		if !sf.any() && len(names) == 0 {
-			return Usagef(env, "name a node, or select nodes with -l, -site or -all")
-		}
 		sel, err := sf.selector(names)
-		if err != nil {
-			return reportError(env, f.output, err)
-		}
-		js, err := spec(rest)
 		if err != nil {
 			return reportError(env, f.output, err)
 		}
@@ -148,11 +183,52 @@ func selectableCommand(name, synopsis, argsUsage string, trailing int, destructi
 		if timeoutSet {
 			js.Timeout = serverTimeout(f.timeout).String()
 		}
-		if err := runJob(ctx, env, c, &f, &sf, js, destructive); err != nil {
+		if sf.dryRun {
+			err = dryRun(ctx, env, c, &f, js)
+		} else {
+			err = runJob(ctx, env, c, &f, &sf, js, destructive)
+		}
+		if err != nil {
 			return reportError(env, f.output, err)
 		}
 		return 0
 	}}
+}
+
+// maxArgBytes bounds a positional argument (a node name, a job id) the
+// CLI sends: a longer one is a usage error, not a request the API's
+// header limit cuts off (the connection reset).
+const maxArgBytes = 256
+
+// dryRun prints what a job would act on and starts nothing.
+func dryRun(ctx context.Context, env Env, c *api.Client, f *clientFlags, spec api.JobSpec) error {
+	spec.DryRun = true
+	cctx, cancel := call(ctx, f)
+	p, err := c.CreateJob(cctx, spec)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if f.output == "json" {
+		printJSON(env.Stdout, p)
+		return nil
+	}
+	fmt.Fprintf(env.Stdout, "%s would act on %s (%s); nothing was started:\n", termText(jobAction(p)), nodeCount(p.Total), termText(describeSelector(spec.Selector)))
+	for _, n := range p.Sample {
+		fmt.Fprintf(env.Stdout, "  %s\n", termText(n))
+	}
+	if p.Total > len(p.Sample) {
+		fmt.Fprintf(env.Stdout, "  and %d more (obmesh node list with the same selector lists them all)\n", p.Total-len(p.Sample))
+	}
+	return nil
+}
+
+// nodeCount is "1 node" or "N nodes".
+func nodeCount(n int) string {
+	if n == 1 {
+		return "1 node"
+	}
+	return fmt.Sprintf("%d nodes", n)
 }
 
 // call bounds one API call by -timeout.
@@ -184,7 +260,7 @@ func runJob(ctx context.Context, env Env, c *api.Client, f *clientFlags, sf *sel
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stderr, "job %s: %s on %d node(s) (%s), %d per site at a time\n", termText(j.ID), termText(jobAction(j)), j.Total, termText(j.Selector), j.Parallelism)
+	fmt.Fprintf(env.Stderr, "job %s: %s for %s (%s), %d per site at a time\n", termText(j.ID), termText(jobAction(j)), nodeCount(j.Total), termText(j.Selector), j.Parallelism)
 	if sf.detach {
 		if f.output == "json" {
 			printJSON(env.Stdout, j)
@@ -199,7 +275,7 @@ func runJob(ctx context.Context, env Env, c *api.Client, f *clientFlags, sf *sel
 // confirm asks the operator before a destructive job on many nodes. It
 // refuses when stdin is not a terminal: a script must say -yes.
 func confirm(env Env, spec api.JobSpec, p api.Job) error {
-	what := fmt.Sprintf("%s on %d nodes (%s)", jobAction(p), p.Total, describeSelector(spec.Selector))
+	what := fmt.Sprintf("%s on %s (%s)", jobAction(p), nodeCount(p.Total), describeSelector(spec.Selector))
 	if !env.stdinTerminal() {
 		return &usageError{fmt.Errorf("%s: more than %d nodes and stdin is not a terminal to ask; pass -yes to confirm", what, confirmAbove)}
 	}
@@ -268,16 +344,37 @@ type progress struct {
 
 func done(j api.Job) int { return j.OK + j.Failed + j.Unknown + j.Skipped }
 
+// rate is how many nodes a second the job gets done, and whether that is
+// known: for a finished job, from the coordinator's own start and end
+// times; for a running one, from what the CLI saw since it started
+// watching (start, done0), once it has watched for followEvery.rateAfter
+// and seen progress. A rate over a poll or two would be noise: 2 nodes
+// done between two polls 500 ms apart is not 4/s.
+func (p *progress) rate(j api.Job, now time.Time) (float64, bool) {
+	d := done(j)
+	if j.Finished() {
+		if j.CreatedAt.IsZero() || !j.FinishedAt.After(j.CreatedAt) || d == 0 {
+			return 0, false
+		}
+		return float64(d) / j.FinishedAt.Sub(j.CreatedAt).Seconds(), true
+	}
+	el := now.Sub(p.start)
+	if el < followEvery.rateAfter || el <= 0 || d <= p.done0 {
+		return 0, false
+	}
+	return float64(d-p.done0) / el.Seconds(), true
+}
+
 // show draws the progress bar (terminal) or writes a plain line when due.
 func (p *progress) show(j api.Job, now time.Time) {
 	d := done(j)
-	var rate float64
-	if el := now.Sub(p.start).Seconds(); el > 0 && d > p.done0 {
-		rate = float64(d-p.done0) / el
-	}
-	eta := "-"
-	if rate > 0 && j.Pending > 0 {
-		eta = (time.Duration(float64(j.Pending)/rate*float64(time.Second)) + time.Second/2).Truncate(time.Second).String()
+	rate, known := p.rate(j, now)
+	speed := ""
+	if known {
+		speed = fmt.Sprintf(", %.1f/s", rate)
+		if j.Pending > 0 {
+			speed += ", ETA " + (time.Duration(float64(j.Pending)/rate*float64(time.Second)) + time.Second/2).Truncate(time.Second).String()
+		}
 	}
 	if p.tty {
 		width := 30
@@ -286,7 +383,7 @@ func (p *progress) show(j api.Job, now time.Time) {
 			filled = d * width / j.Total
 		}
 		bar := strings.Repeat("#", filled) + strings.Repeat(".", width-filled)
-		fmt.Fprintf(p.env.Stderr, "\r\x1b[K[%s] %d/%d done, %d failed, %d remaining, %.1f/s, ETA %s", bar, d, j.Total, j.Failed+j.Unknown, j.Pending, rate, eta)
+		fmt.Fprintf(p.env.Stderr, "\r\x1b[K[%s] %d/%d done, %d failed, %d remaining%s", bar, d, j.Total, j.Failed+j.Unknown, j.Pending, speed)
 		p.drewOnTTY = true
 		return
 	}
@@ -294,7 +391,7 @@ func (p *progress) show(j api.Job, now time.Time) {
 		return
 	}
 	p.lastLine, p.lastDone = now, d
-	fmt.Fprintf(p.env.Stderr, "%s: %d/%d done, %d failed, %d remaining, %.1f/s, ETA %s\n", termText(j.ID), d, j.Total, j.Failed+j.Unknown, j.Pending, rate, eta)
+	fmt.Fprintf(p.env.Stderr, "%s: %d/%d done, %d failed, %d remaining%s\n", termText(j.ID), d, j.Total, j.Failed+j.Unknown, j.Pending, speed)
 }
 
 func (p *progress) end() {
@@ -306,7 +403,7 @@ func (p *progress) end() {
 // followJob follows a job to its end, then prints its summary and
 // failures; the error says how it ended (nil: every node ok).
 func followJob(ctx context.Context, env Env, c *api.Client, f *clientFlags, id string) error {
-	p := &progress{env: env, tty: env.terminal(env.Stderr), start: time.Now()}
+	p := &progress{env: env, tty: env.terminal(env.Stderr)}
 	first := true
 	var failingSince time.Time
 	for {
@@ -331,7 +428,7 @@ func followJob(ctx context.Context, env Env, c *api.Client, f *clientFlags, id s
 		default:
 			failingSince = time.Time{}
 			if first {
-				p.done0, first = done(j), false
+				p.start, p.done0, first = time.Now(), done(j), false
 			}
 			p.show(j, time.Now())
 			if j.Finished() {
@@ -373,8 +470,8 @@ func printJobResults(env Env, j api.Job) {
 	if !j.FinishedAt.IsZero() && !j.CreatedAt.IsZero() {
 		took = " in " + j.FinishedAt.Sub(j.CreatedAt).Round(10*time.Millisecond).String()
 	}
-	fmt.Fprintf(env.Stdout, "job %s %s: %s on %d node(s): %d ok, %d failed, %d unknown, %d skipped%s\n", termText(j.ID), termText(j.State),
-		termText(jobAction(j)), j.Total, j.OK, j.Failed, j.Unknown, j.Skipped, took)
+	fmt.Fprintf(env.Stdout, "job %s %s: %s for %s: %d ok, %d failed, %d unknown, %d skipped%s\n", termText(j.ID), termText(j.State),
+		termText(jobAction(j)), nodeCount(j.Total), j.OK, j.Failed, j.Unknown, j.Skipped, took)
 	if j.Reason != "" {
 		fmt.Fprintf(env.Stdout, "  %s\n", termText(oneLine(j.Reason)))
 	}
@@ -466,7 +563,10 @@ func jobCommand() *Command {
 		},
 		func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error {
 			if results != api.ResultsFailed && results != api.ResultsAll && results != api.ResultsNone {
-				return &usageError{fmt.Errorf("-results %q: use failed, all or none", results)}
+				return &usageError{fmt.Errorf("-results %s: use failed, all or none", api.Quote(results))}
+			}
+			if err := checkJobID(args[0]); err != nil {
+				return err
 			}
 			if follow {
 				return followJob(ctx, env, c, f, args[0])
@@ -479,16 +579,23 @@ func jobCommand() *Command {
 			}
 			if f.output == "json" {
 				printJSON(env.Stdout, j)
+			} else {
+				printJobResults(env, j)
+			}
+			if !j.Finished() {
+				if f.output != "json" {
+					fmt.Fprintf(env.Stdout, "  running: %d of %d done\n", done(j), j.Total)
+				}
 				return nil
 			}
-			printJobResults(env, j)
-			if !j.Finished() {
-				fmt.Fprintf(env.Stdout, "  running: %d of %d done\n", done(j), j.Total)
-			}
-			return nil
+			// A finished job exits as -follow does (jobOutcome).
+			return jobOutcome(j)
 		})
 	cancelCmd := followCommand("cancel", "Cancel a running job: no further operation starts; those in flight finish.", "ID", 1, nil,
 		func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error {
+			if err := checkJobID(args[0]); err != nil {
+				return err
+			}
 			cctx, cancel := call(ctx, f)
 			j, err := c.CancelJob(cctx, args[0])
 			cancel()
@@ -504,6 +611,15 @@ func jobCommand() *Command {
 			return nil
 		})
 	return &Command{Name: "job", Synopsis: "List, show, follow and cancel bulk jobs", Subs: []*Command{list, show, cancelCmd}}
+}
+
+// checkJobID refuses an argument no job id can be (job ids are 28
+// characters), before it is sent.
+func checkJobID(id string) error {
+	if len(id) > api.MaxJobIDBytes {
+		return &usageError{fmt.Errorf("%s is not a job id: %d bytes, and a job id has at most %d (see obmesh job list)", api.Quote(id), len(id), api.MaxJobIDBytes)}
+	}
+	return nil
 }
 
 // followCommand is apiCommand without an overall deadline: -timeout bounds

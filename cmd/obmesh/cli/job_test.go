@@ -166,7 +166,7 @@ func TestPowerJob_PlainProgressThenFailures(t *testing.T) {
 		t.Fatalf("-yes still asked: %v", a.reqs)
 	}
 	// Plain progress lines on stderr (not a terminal), no bar.
-	for _, want := range []string{"job " + testJobID + ": power off on 20 node(s)", testJobID + ": 5/20 done", testJobID + ": 20/20 done, 2 failed, 0 remaining"} {
+	for _, want := range []string{"job " + testJobID + ": power off for 20 nodes", testJobID + ": 5/20 done", testJobID + ": 20/20 done, 2 failed, 0 remaining"} {
 		if !strings.Contains(errs, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, errs)
 		}
@@ -175,7 +175,7 @@ func TestPowerJob_PlainProgressThenFailures(t *testing.T) {
 		t.Errorf("a progress bar on a non-terminal:\n%q", errs)
 	}
 	// The summary and every failure, with its receipt, on stdout.
-	for _, want := range []string{"job " + testJobID + " stopped: power off on 20 node(s): 18 ok, 2 failed, 0 unknown, 0 skipped in 12s",
+	for _, want := range []string{"job " + testJobID + " stopped: power off for 20 nodes: 18 ok, 2 failed, 0 unknown, 0 skipped in 12s",
 		"max_failures (2) reached", "NODE", "n03", "bmc_unreachable", "no answer from 10.0.0.3", "op-aaa", "n07", "wrong password", "op-bbb"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, out)
@@ -198,7 +198,7 @@ func TestPowerJob_ProgressBarOnATerminal(t *testing.T) {
 	if !strings.HasSuffix(errs, "\r\x1b[K") {
 		t.Errorf("the bar is not cleared at the end:\n%q", errs)
 	}
-	if !strings.Contains(out, "done: power on on 8 node(s): 8 ok, 0 failed") || strings.Contains(out, "NODE") {
+	if !strings.Contains(out, "done: power on for 8 nodes: 8 ok, 0 failed") || strings.Contains(out, "NODE") {
 		t.Errorf("stdout:\n%s", out)
 	}
 }
@@ -288,8 +288,9 @@ func TestJobCommands(t *testing.T) {
 	}
 	code, out, _ = runJobCLI(t, srv, jobRun{}, "job", "show", testJobID, "-o", "json")
 	var j api.Job
-	if err := json.Unmarshal([]byte(out), &j); code != 0 || err != nil || j.ID != testJobID || len(j.Results) != 1 {
-		t.Fatalf("show -o json: %d %v %s", code, err, out)
+	// A finished job with an unknown outcome exits 3, as -follow does.
+	if err := json.Unmarshal([]byte(out), &j); code != 3 || err != nil || j.ID != testJobID || len(j.Results) != 1 {
+		t.Fatalf("show -o json: %d (want 3) %v %s", code, err, out)
 	}
 	code, out, errs := runJobCLI(t, srv, jobRun{}, "job", "show", testJobID, "-follow")
 	if code != 3 || !strings.Contains(out, "op-c") || !strings.Contains(errs, "job_failed") {

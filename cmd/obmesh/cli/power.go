@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/obmesh/obmesh/coordinator/api"
@@ -56,7 +57,7 @@ func powerCommand() *Command {
 
 func bootCommand() *Command {
 	var persistent, efi bool
-	set := selectableCommand("set", "Set a node's boot device: "+strings.Join(api.BootDevices, ", ")+".", "NODE... DEVICE", 1, true,
+	set := selectableCommand("set", "Set a node's boot device: "+strings.Join(api.BootDevices, ", ")+"; the device comes last.", "NODE... DEVICE", 1, true,
 		func(fs *flag.FlagSet) {
 			persistent, efi = false, false
 			fs.BoolVar(&persistent, "persistent", false, "keep the device for every boot (default: next boot only)")
@@ -73,6 +74,10 @@ func bootCommand() *Command {
 			return nil
 		},
 		func(rest []string) (api.JobSpec, error) {
+			if !slices.Contains(api.BootDevices, rest[0]) {
+				return api.JobSpec{}, &usageError{fmt.Errorf("unknown boot device %s; use one of %s (the device comes last: boot set NODE... DEVICE)",
+					api.Quote(rest[0]), strings.Join(api.BootDevices, ", "))}
+			}
 			return api.JobSpec{Action: api.JobActionBoot, Boot: &api.BootRequest{Device: rest[0], Persistent: persistent, EFI: efi}}, nil
 		})
 	get := apiCommand("get", "Show a node's boot override, read from its BMC.", "NODE", 1, nil,
