@@ -117,3 +117,28 @@ func TestHost_ListsAreSortedSignalsCoalesce(t *testing.T) {
 	default:
 	}
 }
+
+// Validate waits for a plugin that is starting for longer than the start
+// itself may take (StartTimeout and 5 s more), so a check made while the
+// plugin starts reaches it.
+func TestValidate_WaitsBeyondTheStartTimeoutForAStart(t *testing.T) {
+	h, p := supervised(Config{StartTimeout: 100 * time.Millisecond})
+	ch := make(chan struct{})
+	p.mu.Lock()
+	p.starting = ch
+	p.mu.Unlock()
+	sp := startMock(t)
+	go func() {
+		time.Sleep(500 * time.Millisecond) // the start ends after StartTimeout
+		p.mu.Lock()
+		p.gen = 1
+		p.cur = &proc{Process: sp, gen: 1, started: time.Now()}
+		p.starting = nil
+		p.mu.Unlock()
+		close(ch)
+	}()
+	err := h.Validate("mock", sdk.Node{Name: "n", Address: "a"})
+	if !errors.Is(err, sdk.ErrUnsupported) || !strings.Contains(err.Error(), "no option checks") {
+		t.Errorf("Validate during a start = %v, want the plugin's answer (no option checks)", err)
+	}
+}
