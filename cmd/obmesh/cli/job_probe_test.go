@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -146,5 +147,46 @@ func TestJobShow_ExitsAsFollowDoes(t *testing.T) {
 	a.failures = nil
 	if code, _, errs := runJobCLI(t, srv, jobRun{}, "job", "show", testJobID); code != 0 {
 		t.Errorf("every node ok: exit %d %s", code, errs)
+	}
+}
+
+// node list had no -l or -site and no LABELS column.
+func TestNodeList_SelectorsAndLabels(t *testing.T) {
+	rc := &recorder{answer: func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode([]api.Node{
+			{Name: "a1", Driver: "mock", Site: "s1", Labels: map[string]string{"rack": "r1", "role": "compute"}},
+			{Name: "a2", Driver: "mock", Site: "s2", Labels: map[string]string{"rack": "r1"}},
+			{Name: "a3", Driver: "mock", Site: "s1"},
+		})
+	}}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	names := func(out string) []string {
+		var ns []string
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+			ns = append(ns, strings.Fields(l)[0])
+		}
+		return ns
+	}
+	code, out, errs := runWith(t, context.Background(), srv.URL, "node", "list")
+	if code != 0 || !strings.Contains(strings.SplitN(out, "\n", 2)[0], "LABELS") || !strings.Contains(out, "rack=r1,role=compute") || len(names(out)) != 3 {
+		t.Fatalf("node list: exit %d %s\n%s", code, errs, out)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-l", "rack=r1"}, "a1 a2"},
+		{[]string{"-l", "rack=r1,role!=compute"}, "a2"},
+		{[]string{"-site", "s1"}, "a1 a3"},
+		{[]string{"-site", "s1", "-l", "!rack"}, "a3"},
+	} {
+		code, out, errs := runWith(t, context.Background(), srv.URL, append([]string{"node", "list"}, tc.args...)...)
+		if got := strings.Join(names(out), " "); code != 0 || got != tc.want {
+			t.Errorf("node list %v: exit %d, %q, want %q %s", tc.args, code, got, tc.want, errs)
+		}
+	}
+	if code, _, _ := runWith(t, context.Background(), srv.URL, "node", "list", "-l", "rack in (a"); code != 2 {
+		t.Errorf("bad -l: exit %d, want 2", code)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/obmesh/obmesh/coordinator/api"
 )
@@ -75,4 +76,38 @@ func labelRows(n api.Node) [][]string {
 		return nil
 	}
 	return [][]string{{"Labels:", formatLabels(n.Labels)}}
+}
+
+// filterNodes keeps the nodes a selector (nil: any labels) and a site
+// ("": any) pick, as a job's selector does.
+func filterNodes(ns []api.Node, sel api.LabelSelector, site string) []api.Node {
+	if sel == nil && site == "" {
+		return ns
+	}
+	var out []api.Node
+	for _, n := range ns {
+		if (site == "" || n.Site == site) && (sel == nil || sel.Matches(n.Labels)) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// maxLabelColumn bounds node list's LABELS column (-o wide: whole).
+const maxLabelColumn = 48
+
+// labelColumn is a node's labels for node list: "-" for none.
+func labelColumn(n api.Node, wide bool) string {
+	if len(n.Labels) == 0 {
+		return "-"
+	}
+	s := formatLabels(n.Labels)
+	if !wide && len(s) > maxLabelColumn {
+		cut := maxLabelColumn
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return s
 }

@@ -125,16 +125,27 @@ func nodeCommand() *Command {
 		})
 
 	var live bool
-	list := apiCommand("list", "List nodes with the last power state the leader saw; -status reads each BMC now.", "", 0,
+	var lsel, lsite string
+	list := apiCommand("list", "List nodes with the last power state the leader saw; -status reads each BMC now; -l and -site pick nodes as the bulk commands do.", "", 0,
 		func(fs *flag.FlagSet) {
-			live = false
+			live, lsel, lsite = false, "", ""
 			fs.BoolVar(&live, "status", false, "read every node's power state from its BMC now (8 at a time, each bounded by -timeout)")
+			fs.StringVar(&lsel, "l", "", "only nodes whose labels match this selector, e.g. rack=r12,role!=storage (as power -l)")
+			fs.StringVar(&lsite, "site", "", "only nodes of this site")
 		},
 		func(ctx context.Context, env Env, c *api.Client, f *clientFlags, _ []string) error {
+			var sel api.LabelSelector
+			if lsel != "" {
+				var err error
+				if sel, err = api.ParseLabelSelector(lsel); err != nil {
+					return &usageError{fmt.Errorf("-l: %v", err)}
+				}
+			}
 			ns, err := c.Nodes(ctx)
 			if err != nil {
 				return err
 			}
+			ns = filterNodes(ns, sel, lsite) // label.go
 			var statuses []string
 			if live {
 				statuses = liveStatus(ctx, c, f, ns)
@@ -158,12 +169,13 @@ func nodeCommand() *Command {
 			var rows [][]string
 			for i, n := range ns {
 				row := append([]string{n.Name, n.Driver, n.Site, n.Address}, observedColumns(n, f.output == "wide")...) // node_observed.go
+				row = append(row, labelColumn(n, f.output == "wide"))
 				if live {
 					row = append(row, statuses[i])
 				}
 				rows = append(rows, row)
 			}
-			header := "NAME\tDRIVER\tSITE\tADDRESS\t" + observedHeader(f.output == "wide")
+			header := "NAME\tDRIVER\tSITE\tADDRESS\t" + observedHeader(f.output == "wide") + "\tLABELS"
 			if live {
 				header += "\tSTATUS (NOW)"
 			}
