@@ -61,8 +61,11 @@ the agents on management networks
 the built\-in driver plugins, a development cluster
 .RB ( "obmesh dev" ),
 and the operator commands that use a coordinator's API.
-Operator commands find the coordinator in OBMESH_ADDR and the admin token in
-OBMESH_TOKEN (or the flags of the same names).
+Operator commands find the coordinator in OBMESH_ADDR (or the
+.B \-addr
+flag) and the admin token in OBMESH_TOKEN (or the
+.B \-token
+flag, which other users can see in ps).
 .SH COMMANDS
 Each command's usage, as
 .B \-h
