@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -209,11 +211,58 @@ func (c *Client) ReplayDeadLetters(ctx context.Context, id string, ids []string)
 // to fn until ctx ends, the server ends the stream, or fn returns an error.
 // The stream has no overall timeout; ctx bounds it.
 func (c *Client) WatchEvents(ctx context.Context, node string, fn func(Event) error) error {
+	if err := c.WatchEventsWith(ctx, node, WatchOptions{}, fn); !errors.Is(err, ErrStreamEnded) {
+		return err
+	}
+	return nil
+}
+
+// WatchOptions tune WatchEventsWith.
+type WatchOptions struct {
+	// Opened, if set, is called once the server accepted the stream (200),
+	// before any event.
+	Opened func()
+	// Idle, if positive, ends the watch with ErrStreamIdle when nothing
+	// (not even the server's keepalive, sent every 15 s) arrives for this
+	// long, from the request on: a member that went silent.
+	Idle time.Duration
+}
+
+// ErrStreamIdle is WatchEventsWith's error for a stream that went silent
+// (WatchOptions.Idle).
+var ErrStreamIdle = errors.New("event stream: nothing received, not even a keepalive")
+
+// ErrStreamEnded is WatchEventsWith's error when the server ends the
+// stream while ctx is live (a member shutting down).
+var ErrStreamEnded = errors.New("event stream: ended by the server")
+
+// WatchEventsWith is WatchEvents with options. Unlike WatchEvents it
+// returns ErrStreamEnded, not nil, when the server ends the stream.
+func (c *Client) WatchEventsWith(ctx context.Context, node string, o WatchOptions, fn func(Event) error) error {
 	p := "/v1/events"
 	if node != "" {
 		p += "?node=" + url.QueryEscape(node)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+p, nil)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var idle atomic.Bool
+	var timer *time.Timer
+	if o.Idle > 0 {
+		timer = time.AfterFunc(o.Idle, func() { idle.Store(true); cancel() })
+		defer timer.Stop()
+	}
+	alive := func() {
+		if timer != nil {
+			timer.Reset(o.Idle)
+		}
+	}
+	fail := func(err error) error {
+		if idle.Load() && ctx.Err() == nil {
+			return ErrStreamIdle
+		}
+		return err
+	}
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, c.base+p, nil)
 	if err != nil {
 		return err
 	}
@@ -223,7 +272,7 @@ func (c *Client) WatchEvents(ctx context.Context, node string, fn func(Event) er
 	hc.Timeout = 0 // a stream; ctx bounds it
 	resp, err := hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("obmesh API %s: %w", c.base, err)
+		return fail(fmt.Errorf("obmesh API %s: %w", c.base, err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -234,10 +283,15 @@ func (c *Client) WatchEvents(ctx context.Context, node string, fn func(Event) er
 		}
 		return &Error{StatusCode: resp.StatusCode, Code: CodeInternal, Message: strings.TrimSpace(string(raw))}
 	}
+	alive()
+	if o.Opened != nil {
+		o.Opened()
+	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	var data strings.Builder
 	for sc.Scan() {
+		alive()
 		line := sc.Text()
 		switch {
 		case line == "":
@@ -255,8 +309,14 @@ func (c *Client) WatchEvents(ctx context.Context, node string, fn func(Event) er
 			data.WriteString(strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
 		}
 	}
-	if err := sc.Err(); err != nil && ctx.Err() == nil {
-		return fmt.Errorf("obmesh API: event stream: %w", err)
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
-	return ctx.Err()
+	if err := sc.Err(); err != nil {
+		return fail(fmt.Errorf("obmesh API: event stream: %w", err))
+	}
+	return fail(ErrStreamEnded)
 }
+
+// Addr is the API address the client calls.
+func (c *Client) Addr() string { return c.base }

@@ -2,9 +2,11 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"sort"
@@ -250,7 +252,7 @@ func truncate(s string, n int) string {
 func eventsCommand() *Command {
 	var node string
 	watch := &Command{Name: "watch", Synopsis: "Print BMC events as the relay receives them (Ctrl-C to stop).", Run: func(ctx context.Context, env Env, args []string) int {
-		fs := NewFlagSet(env, "[flags]", "Prints BMC events as the relay receives them, until Ctrl-C.")
+		fs := NewFlagSet(env, "[flags]", "Prints BMC events as the relay receives them, until Ctrl-C; -o json prints one JSON object per line\n(JSON Lines). A stream lost to a coordinator restart or a leader change is opened\nagain through any member (-addr may list several, comma-separated), with backoff,\nsaying so on stderr: until it succeeds, or for at most -timeout when -timeout is given.")
 		var f clientFlags
 		f.register(fs, env)
 		fs.StringVar(&node, "node", "", "only this node's events")
@@ -261,19 +263,22 @@ func eventsCommand() *Command {
 		if len(pos) != 0 {
 			return Usagef(env, "want no arguments, got %d", len(pos))
 		}
-		c, err := f.client()
-		if err != nil {
+		bound := time.Duration(0) // reconnect until Ctrl-C
+		fs.Visit(func(fl *flag.Flag) {
+			if fl.Name == "timeout" {
+				bound = f.timeout
+			}
+		})
+		if _, err := f.client(); err != nil {
 			return Usagef(env, "%s", err)
 		}
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 		defer stop()
-		if f.output != "json" {
-			fmt.Fprintln(env.Stderr, "watching events; Ctrl-C to stop")
-		}
-		err = c.WatchEvents(ctx, node, func(e api.Event) error {
+		// "watching events" is said once the coordinator accepted the
+		// stream (an unknown -node is refused first).
+		err := newEventWatch(env, &f, node, bound).run(ctx, func(e api.Event) error {
 			if f.output == "json" {
-				printJSON(env.Stdout, e)
-				return nil
+				return printJSONLine(env.Stdout, e)
 			}
 			fmt.Fprintf(env.Stdout, "%s  %-16s %-8s %s  %s\n", e.ReceivedAt.Local().Format("15:04:05.000"), termText(e.Node),
 				termText(e.Severity), termText(e.MessageID), termText(truncate(e.Message, 100)))
@@ -285,4 +290,9 @@ func eventsCommand() *Command {
 		return 0
 	}}
 	return &Command{Name: "events", Synopsis: "BMC events: watch", Subs: []*Command{watch}}
+}
+
+// printJSONLine prints v as one line of JSON (JSON Lines).
+func printJSONLine(w io.Writer, v any) error {
+	return json.NewEncoder(w).Encode(v)
 }
