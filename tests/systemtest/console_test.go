@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -86,10 +88,12 @@ func readUntil(t *testing.T, con *api.ConsoleConn, end uint64, gaps *int) viewer
 	var r viewerRead
 	buf := make([]byte, 32<<10)
 	first := true
-	deadline := time.Now().Add(60 * time.Second)
+	// 60 s, and a second more per 256 KiB: a bound, not a speed.
+	limit := 60*time.Second + time.Duration((end-min(end, con.Offset()))>>18)*time.Second
+	deadline := time.Now().Add(limit)
 	for con.Offset() < end {
 		if time.Now().After(deadline) {
-			t.Errorf("viewer at offset %d, want %d within 60s", con.Offset(), end)
+			t.Errorf("viewer at offset %d, want %d within %v", con.Offset(), end, limit)
 			return r
 		}
 		before := con.Offset()
@@ -181,7 +185,19 @@ func TestConsole_SharedSession(t *testing.T) {
 	t.Run("a stalled viewer does not stop the others and skips ahead or is dropped", func(t *testing.T) {
 		var gaps []api.ConsoleEvent
 		var mu sync.Mutex
-		stalled := openConsole(t, c, "m1", api.ConsoleOptions{ReadOnly: true, OnEvent: func(ev api.ConsoleEvent) {
+		gapSeen := func() (api.ConsoleEvent, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(gaps) == 0 {
+				return api.ConsoleEvent{}, false
+			}
+			return gaps[0], true
+		}
+		// The stalled viewer's socket has a fixed receive buffer, so that
+		// what can wait for it between the agent's ring and this test is
+		// bounded (stallBuffers); the live viewer's is the usual one.
+		slow := api.NewClient(g.Members[0].HTTPAddr, g.Token, &http.Client{Transport: &http.Transport{DialContext: smallReceiveBuffer(stallRecvBuf)}})
+		stalled := openConsole(t, slow, "m1", api.ConsoleOptions{ReadOnly: true, OnEvent: func(ev api.ConsoleEvent) {
 			if ev.Type == "gap" {
 				mu.Lock()
 				gaps = append(gaps, ev)
@@ -189,39 +205,44 @@ func TestConsole_SharedSession(t *testing.T) {
 			}
 		}})
 		live := openConsole(t, c, "m1", api.ConsoleOptions{ReadOnly: true})
-		// Far past every buffer between the agent and the stalled client
-		// (history, gRPC windows, socket buffers).
-		r := readUntil(t, live, live.Offset()+24<<20, nil)
+		// While the stalled viewer reads nothing, the live one reads 8 MiB
+		// more than everything that can be held for the stalled one: the
+		// stalled viewer must miss output, however the machine schedules.
+		held := stallBuffers(t, 4<<20)
+		r := readUntil(t, live, live.Offset()+held+8<<20, nil)
 		if r.gaps != 0 {
 			t.Fatalf("the live viewer missed output while another viewer stalled (%d gaps)", r.gaps)
 		}
 		consecutiveLines(t, "live viewer", r.data[:bytes.LastIndexByte(r.data, '\n')+1])
+		end := r.start + uint64(len(r.data))
 		// The stalled viewer now reads: it learns it missed output (or was
 		// dropped by the coordinator, whose write to it timed out). Either
-		// way it never got all the output the live viewer got.
+		// way it never got all the output the live viewer got. A gap is
+		// looked for after every read, before the offset (which jumps
+		// ahead with the gap).
 		buf := make([]byte, 64<<10)
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(60 * time.Second)
 		for {
-			mu.Lock()
-			ng := len(gaps)
-			mu.Unlock()
-			if ng > 0 {
-				if gaps[0].Missed == 0 {
-					t.Fatalf("gap event %+v", gaps[0])
-				}
-				break
-			}
 			if time.Now().After(deadline) {
 				t.Fatal("the stalled viewer was neither told it missed output nor dropped")
 			}
-			if _, err := stalled.Read(buf); err != nil {
-				if stalled.Offset() >= r.start+uint64(len(r.data)) {
+			before := stalled.Offset()
+			_, err := stalled.Read(buf)
+			if ev, ok := gapSeen(); ok {
+				if ev.Missed == 0 || before >= end {
+					t.Fatalf("gap event %+v after offset %d; the live viewer read to %d", ev, before, end)
+				}
+				t.Logf("the stalled viewer missed %d bytes after %d (%d held for it at most)", ev.Missed, before-r.start, held)
+				break
+			}
+			if err != nil {
+				if stalled.Offset() >= end {
 					t.Fatalf("the stalled viewer ended (%v) after reading everything", err)
 				}
 				t.Logf("the stalled viewer was dropped: %v", err)
 				break
 			}
-			if stalled.Offset() >= r.start+uint64(len(r.data)) {
+			if stalled.Offset() >= end {
 				t.Fatal("the stalled viewer read everything without a gap: it was not stalled, or held the others back")
 			}
 		}
@@ -724,4 +745,50 @@ type blockReader struct{ ctx context.Context }
 func (b blockReader) Read([]byte) (int, error) {
 	<-b.ctx.Done()
 	return 0, io.EOF
+}
+
+// stallRecvBuf is the stalled viewer's socket receive buffer (the kernel
+// doubles it and does not grow it).
+const stallRecvBuf = 64 << 10
+
+// smallReceiveBuffer dials with a fixed receive buffer of size bytes, set
+// before connecting.
+func smallReceiveBuffer(size int) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: 10 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, size)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	return d.DialContext
+}
+
+// stallBuffers bounds the output that can be held for a viewer that reads
+// nothing before its agent's cursor falls out of the history ring: the
+// ring (history bytes), the coordinator's gRPC receive window for the
+// viewer's stream (grpc-go grows it by BDP estimation to at most 16 MiB),
+// the coordinator's socket send buffer (at most tcp_wmem's maximum), the
+// viewer's fixed receive buffer (doubled by the kernel), and 1 MiB for the
+// frames in hand (one per process, the agent's gRPC write quota of 64 KiB,
+// WebSocket buffers).
+func stallBuffers(t *testing.T, history uint64) uint64 {
+	t.Helper()
+	wmem := uint64(4 << 20)
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_wmem"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 3 {
+			if n, err := strconv.ParseUint(f[2], 10, 64); err == nil {
+				wmem = n
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/net/core/wmem_max"); err == nil {
+		// A socket that set SO_SNDBUF may have up to twice wmem_max.
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
+			wmem = max(wmem, 2*n)
+		}
+	}
+	return history + 16<<20 + wmem + 2*stallRecvBuf + 1<<20
 }
