@@ -181,7 +181,7 @@ func (c *Command) Walk(fn func(path []string, cmd *Command)) {
 // and usage go to stderr.
 func NewFlagSet(env Env, argsUsage, about string) *flag.FlagSet {
 	fs := flag.NewFlagSet(env.path(), flag.ContinueOnError)
-	fs.SetOutput(env.Stderr)
+	fs.SetOutput(boundedWriter{env.Stderr}) // bound.go
 	fs.Usage = func() {
 		fmt.Fprintf(env.Stderr, "Usage: %s", env.path())
 		if argsUsage != "" {
@@ -238,7 +238,7 @@ func Parse(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // Usagef prints "<full path>: usage: <message>" and returns exit code 2.
 func Usagef(env Env, format string, args ...any) int {
-	fmt.Fprintf(env.Stderr, "%s: usage: %s\n", env.path(), termText(fmt.Sprintf(format, args...)))
+	fmt.Fprintf(env.Stderr, "%s: usage: %s\n", env.path(), termText(boundQuoted(fmt.Sprintf(format, args...))))
 	return 2
 }
 
@@ -283,7 +283,7 @@ func (f *clientFlags) client() (*api.Client, error) {
 		return nil, errors.New("no admin token: set OBMESH_TOKEN or pass -token")
 	}
 	if f.output != "table" && f.output != "json" && f.output != "wide" {
-		return nil, fmt.Errorf("-o %q: use table, wide or json", f.output)
+		return nil, fmt.Errorf("-o %s: use table, wide or json", api.Quote(f.output))
 	}
 	if f.timeout <= 0 || f.timeout > maxServerTimeout {
 		return nil, fmt.Errorf("-timeout %v: must be more than zero and at most %v", f.timeout, maxServerTimeout)
@@ -324,6 +324,9 @@ func apiCommand(name, synopsis, argsUsage string, nargs int, extra func(fs *flag
 			}
 			Usagef(env, "want %s, got %d argument(s)", want, len(pos))
 			return 2
+		}
+		if err := checkPositional(pos); err != nil { // bound.go
+			return Usagef(env, "%s", err)
 		}
 		c, err := f.client()
 		if err != nil {

@@ -644,6 +644,9 @@ func followCommand(name, synopsis, argsUsage string, nargs int, extra func(fs *f
 			}
 			return Usagef(env, "want %s, got %d argument(s)", want, len(pos))
 		}
+		if err := checkPositional(pos); err != nil {
+			return Usagef(env, "%s", err)
+		}
 		c, err := f.client()
 		if err != nil {
 			return Usagef(env, "%s", err)

@@ -190,3 +190,38 @@ func TestNodeList_SelectorsAndLabels(t *testing.T) {
 		t.Errorf("bad -l: exit %d, want 2", code)
 	}
 }
+
+// A 100 KB flag value was echoed whole by the flag package's error (and
+// -o by the CLI's); a 100 KB node name reached the API as a request line
+// past its header limit and the CLI reported "connection reset by peer".
+func TestEchoedInputIsBounded(t *testing.T) {
+	rc := &recorder{answer: func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	long := strings.Repeat("1", 100_000)
+	for _, args := range [][]string{
+		{"power", "on", "mock-1", "-timeout", long + "s"},
+		{"job", "list", "-o", long},
+		{"node", "label", long, "k=v"},
+		{"node", "show", long},
+		{"job", "show", "-results", long, "j"},
+	} {
+		code, _, errs := runWith(t, context.Background(), srv.URL, args...)
+		// The flag error comes with the command's usage (its flags' help).
+		if code != 2 || len(errs) > 3000 || !strings.Contains(errs, `"`+strings.Repeat("1", 64)+`"…`) {
+			t.Errorf("%.40v: exit %d (want 2), %d bytes on stderr: %.300s", args, code, len(errs), errs)
+		}
+	}
+	if len(rc.reqs) != 0 {
+		t.Fatalf("sent %d requests", len(rc.reqs))
+	}
+}
+
+func TestBoundQuoted(t *testing.T) {
+	if got := boundQuoted(`invalid value "` + strings.Repeat("x", 1000) + `" for flag -timeout: parse error`); got != `invalid value "`+strings.Repeat("x", 64)+`"… for flag -timeout: parse error` {
+		t.Fatalf("%s", got)
+	}
+	if s := `short "a\"b" kept`; boundQuoted(s) != s {
+		t.Fatalf("short quoted changed: %s", boundQuoted(s))
+	}
+}
