@@ -9,13 +9,15 @@ import (
 const MaxQuotedRunes = 64
 
 // Quote is how a message echoes a value it was given (a node name, a job
-// id, a label, a selector): Go-quoted, so control, bidi and other
-// invisible characters show as escapes, and cut to its first
+// id, a label, a selector): Go-quoted with every non-ASCII character
+// escaped (names, ids and labels are ASCII, so a character outside it is
+// the suspicious part: bidi overrides, zero-width characters, variation
+// selectors and fillers all show as \uXXXX), and cut to its first
 // MaxQuotedRunes characters followed by "…", so a 100 KB value does not
 // make a 100 KB message. Bytes that are not UTF-8 show as \x escapes.
 func Quote(s string) string {
 	if utf8.RuneCountInString(s) <= MaxQuotedRunes {
-		return strconv.Quote(s)
+		return strconv.QuoteToASCII(s)
 	}
 	n, i := 0, 0
 	for i < len(s) && n < MaxQuotedRunes {
@@ -23,5 +25,5 @@ func Quote(s string) string {
 		i += size
 		n++
 	}
-	return strconv.Quote(s[:i]) + "…"
+	return strconv.QuoteToASCII(s[:i]) + "…"
 }

@@ -17,7 +17,11 @@ func TestQuote_BoundsAndEscapes(t *testing.T) {
 		t.Fatalf("Quote kept invisible characters: %s", got)
 	}
 	// Cut at a character boundary, never inside one.
-	if got := Quote(strings.Repeat("é", 200)); got != `"`+strings.Repeat("é", MaxQuotedRunes)+`"…` {
+	if got := Quote(strings.Repeat("é", 200)); got != `"`+strings.Repeat(`\u00e9`, MaxQuotedRunes)+`"…` {
 		t.Fatalf("multibyte cut: %s", got)
+	}
+	// Printable to Go but invisible: a variation selector, a Hangul filler.
+	if got := Quote("a\ufe0fb\u115f"); got != `"a\ufe0fb\u115f"` {
+		t.Fatalf("invisible characters kept: %s", got)
 	}
 }
