@@ -23,7 +23,7 @@ type MetricsConfig struct {
 
 // agentActions are the operation actions metrics name; others are "other".
 var agentActions = []string{"power_on", "power_off", "power_soft_off", "power_cycle", "power_reset", "power_status",
-	"identity", "boot_device", "boot_get", "validate_options", "console_open",
+	"identity", "boot_device", "boot_get", "validate_options", "console_open", "console_log", "console_keep",
 	"event_subscribe", "event_unsubscribe", "event_list", "event_test"}
 
 // agentClasses are the error classes metrics name; others are "other".

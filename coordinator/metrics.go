@@ -32,7 +32,7 @@ type MetricsConfig struct {
 // them (a future action, a plugin's own class) is labelled "other".
 var (
 	metricActions = []string{"power_on", "power_off", "power_soft_off", "power_cycle", "power_reset", "power_status",
-		"identity", "boot_device", "boot_get", "console_open", "validate_options",
+		"identity", "boot_device", "boot_get", "console_open", "console_log", "console_keep", "validate_options",
 		"event_subscribe", "event_unsubscribe", "event_list", "event_test"}
 	metricOutcomes = []string{api.OutcomeOK, api.OutcomeFailed, api.OutcomeUnknown}
 	metricClasses  = []string{"", "auth", "unreachable", "busy", "unsupported", "invalid_argument", "protocol", "timeout",
