@@ -83,6 +83,7 @@ func TestJobs_ErrorMessages(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{`{"selector":{"nodes":["n1"]},"action":"boot","boot":{"device":"floppy"}}`, `unknown boot device "floppy"; use one of pxe`},
 		{`{"selector":{"nodes":["n1"]},"action":"boot"}`, "the boot action needs a boot device"},
+		{`{"selector":{"nodes":["n1"]},"boot":{"device":"pxe"}}`, "a job needs an action: one of on, off"},
 	} {
 		code, eb, _ := f.do(t, "POST", "/v1/jobs", tc.body, token)
 		if code != 400 || !strings.HasPrefix(eb.Error.Message, tc.want) {

@@ -302,6 +302,9 @@ func (s *Service) validate(in api.JobSpec) (spec, error) {
 			return sp, fmt.Errorf("%w: unknown boot device %s; use one of %s", ErrInvalid, api.Quote(in.Boot.Device), strings.Join(api.BootDevices, ", "))
 		}
 		j.Action, j.BootDevice, j.Persistent, j.EFI = ops.ActBootDevice, in.Boot.Device, in.Boot.Persistent, in.Boot.EFI
+	case "":
+		return sp, fmt.Errorf("%w: a job needs an action: one of %s, %s or %s", ErrInvalid,
+			strings.Join(api.PowerActions, ", "), api.JobActionStatus, api.JobActionBoot)
 	default:
 		act, ok := ops.PowerAction(in.Action)
 		if !ok {

@@ -555,7 +555,7 @@ func jobCommand() *Command {
 		})
 	var results string
 	var follow bool
-	show := followCommand("show", "Show a job: its summary and results (-results failed, all or none); -follow waits for it to end.", "ID", 1,
+	show := followCommand("show", "Show a job: its summary and results (-results failed, all or none); -follow waits for it to end. A finished job exits 0 when every node is ok, 3 when an outcome is unknown, else 1 (with or without -follow).", "ID", 1,
 		func(fs *flag.FlagSet) {
 			results, follow = api.ResultsFailed, false
 			fs.StringVar(&results, "results", api.ResultsFailed, "which node results: failed (failed, unknown, skipped), all or none")
@@ -606,7 +606,7 @@ func jobCommand() *Command {
 				printJSON(env.Stdout, j)
 				return nil
 			}
-			fmt.Fprintf(env.Stdout, "job %s canceled: no further operation starts (%d of %d done); see obmesh job show %s\n",
+			fmt.Fprintf(env.Stdout, "job %s canceled: no further operation starts (%d of %d done so far; those in flight finish); see obmesh job show %s\n",
 				termText(j.ID), done(j), j.Total, termText(j.ID))
 			return nil
 		})
