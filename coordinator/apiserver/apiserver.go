@@ -409,7 +409,7 @@ func (s *Server) showNode(w http.ResponseWriter, r *http.Request) error {
 	}
 	n, ok := s.store.State().Node(r.PathValue("name"))
 	if !ok {
-		return fmt.Errorf("node %q: %w", r.PathValue("name"), state.ErrNotFound)
+		return fmt.Errorf("node %s: %w", api.Quote(r.PathValue("name")), state.ErrNotFound)
 	}
 	writeJSON(w, http.StatusOK, s.withPower(toAPINode(n)))
 	return nil

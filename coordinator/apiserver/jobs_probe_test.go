@@ -138,3 +138,16 @@ func TestJobs_IDsAreBoundedAndEscaped(t *testing.T) {
 		t.Errorf("bidi id: %d %q %s", code, eb.Error.Message, body)
 	}
 }
+
+// GET /v1/nodes/{name} echoed an unknown name whole and raw.
+func TestShowNode_NotFoundNameIsBounded(t *testing.T) {
+	f := newFixture(t)
+	code, eb, _ := f.do(t, "GET", "/v1/nodes/"+strings.Repeat("x", 5000), "", token)
+	if code != 404 || len(eb.Error.Message) > 300 {
+		t.Errorf("unknown 5000-character name: %d, %d-byte message", code, len(eb.Error.Message))
+	}
+	code, eb, _ = f.do(t, "GET", "/v1/nodes/%E2%80%AEevil", "", token)
+	if code != 404 || strings.ContainsRune(eb.Error.Message, '\u202e') {
+		t.Errorf("bidi name: %d %q", code, eb.Error.Message)
+	}
+}
