@@ -27,6 +27,11 @@ func TestNodeLabel_ConflictsAndLongValues(t *testing.T) {
 	if code != 2 || len(errs) > 500 {
 		t.Fatalf("100 KB value: exit %d, %d bytes on stderr", code, len(errs))
 	}
+	// register -label: the last of two values for a key won silently.
+	code, _, errs = runWith(t, context.Background(), srv.URL, "node", "register", "n3", "-driver", "mock", "-label", "role=a", "-label", "role=b")
+	if code != 2 || len(rc.reqs) != 0 || !strings.Contains(errs, `label "role" is given twice`) {
+		t.Fatalf("-label role twice: exit %d, sent %v, %s", code, rc.reqs, errs)
+	}
 }
 
 // boot set's grammar is NODE... DEVICE: an unknown device was sent as a

@@ -19,11 +19,14 @@ func (l labelFlag) Set(s string) error {
 	set, rm, err := api.ParseLabelChanges([]string{s})
 	if err != nil || len(rm) > 0 {
 		if err == nil {
-			err = fmt.Errorf("%q: want key=value", s)
+			err = fmt.Errorf("%s: want key=value", api.Quote(s))
 		}
 		return err
 	}
 	for k, v := range set {
+		if _, ok := l[k]; ok {
+			return fmt.Errorf("label %s is given twice", api.Quote(k))
+		}
 		l[k] = v
 	}
 	return nil
