@@ -75,6 +75,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -596,7 +597,9 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 	}
 	hello.Drivers, hello.PluginWarnings = driversPB(a.host), a.host.Warnings()
 	hello.SentMonoNs = monoNow() // link fence (fence.go)
-	if err := send(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_Hello{Hello: hello}}); err != nil {
+	// io.EOF from Send: the coordinator ended the stream first (it refused
+	// the certificate); Recv returns its reason.
+	if err := send(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_Hello{Hello: hello}}); err != nil && !errors.Is(err, io.EOF) {
 		helloTimer.Stop()
 		return false, err
 	}
