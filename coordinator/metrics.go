@@ -215,7 +215,7 @@ func (m *coordMetrics) watchObserve(stats func() observe.Stats) {
 		func(s observe.Stats) uint64 { return s.Writes })
 	counter("obmesh_power_sync_stale_total", "Readings ignored as older than the recorded state.", func(s observe.Stats) uint64 { return s.Stale })
 	counter("obmesh_power_sync_dropped_total", "Reports and receipts the leader dropped because its queue was full.", func(s observe.Stats) uint64 { return s.Dropped })
-	counter("obmesh_power_external_changes_total", "Power changes made outside obmesh that the power sync detected.", func(s observe.Stats) uint64 { return s.ExternalChanges })
+	counter("obmesh_power_external_changes_total", "Power changes made outside obmesh that the power sync or a power status read detected.", func(s observe.Stats) uint64 { return s.ExternalChanges })
 }
 
 // ready is /v1/ready: this member is in the group's configuration and
