@@ -78,8 +78,9 @@ type Opener interface {
 // Config configures the service.
 type Config struct {
 	// ExplainWindow: a power change read within this long after an obmesh
-	// power operation on the node ended is that operation's; zero means
-	// 2m. SoftOffWindow is the same for soft_off; zero means 10m.
+	// power operation on the node ended is that operation's if it leads
+	// to the state read (explainsTo); zero means 2m. SoftOffWindow is the
+	// same for soft_off; zero means 10m.
 	ExplainWindow, SoftOffWindow time.Duration
 	// Resync is how often the shares are recomputed besides agents coming
 	// and going (nodes registered, changed, deleted); zero means 2s.
