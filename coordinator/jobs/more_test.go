@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,8 +30,11 @@ func TestNew_Defaults(t *testing.T) {
 func TestCreate_ParallelismAndTimeout(t *testing.T) {
 	c := newCluster("c1")
 	c.addNodes(t, "n", "s1", 3, nil)
+	var mu sync.Mutex // the second job runs its operations in parallel
 	var deadlines []time.Duration
 	op := &operator{c: c, fn: func(ctx context.Context, r ops.Request, site string) (api.Receipt, error) {
+		mu.Lock()
+		defer mu.Unlock()
 		if dl, ok := ctx.Deadline(); ok {
 			deadlines = append(deadlines, time.Until(dl))
 		} else {
@@ -47,6 +51,8 @@ func TestCreate_ParallelismAndTimeout(t *testing.T) {
 		t.Fatalf("parallelism %d", j.Parallelism)
 	}
 	finished(t, s, j.ID)
+	mu.Lock()
+	defer mu.Unlock()
 	for _, d := range deadlines {
 		if d <= 20*time.Second || d > 30*time.Second {
 			t.Fatalf("operation deadlines %v, want about 30s each", deadlines)
@@ -55,11 +61,13 @@ func TestCreate_ParallelismAndTimeout(t *testing.T) {
 	// Without a timeout the operation takes the runner's default (no
 	// deadline from the job); without a parallelism, the default 8.
 	deadlines = nil
+	mu.Unlock()
 	j, err = s.Create(context.Background(), api.JobSpec{Selector: api.Selector{All: true}, Action: "on"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	finished(t, s, j.ID)
+	mu.Lock()
 	if j.Parallelism != 8 || len(deadlines) != 3 || deadlines[0] != -1 {
 		t.Fatalf("parallelism %d, deadlines %v", j.Parallelism, deadlines)
 	}
