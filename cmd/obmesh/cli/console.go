@@ -135,11 +135,17 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 	var mu sync.Mutex
 	cur := con
 	left := false
+	// stayCtx ends when the user leaves: a reconnect in progress stops.
+	stayCtx, leave := context.WithCancel(ctx)
+	defer leave()
 	end := func(byUser bool) {
 		mu.Lock()
 		defer mu.Unlock()
 		if !left {
 			left = byUser
+		}
+		if byUser {
+			leave()
 		}
 		cur.Close()
 	}
@@ -193,7 +199,7 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 		fmt.Fprint(env.Stderr, nl+"[obmesh: connection lost; reconnecting]"+nl)
 		o := opts
 		o.HasFrom, o.From, o.Session = true, c.Offset(), c.Session()
-		rctx, rcancel := context.WithTimeout(ctx, consoleReconnectFor)
+		rctx, rcancel := context.WithTimeout(stayCtx, consoleReconnectFor)
 		var next *api.ConsoleConn
 		for round := 0; next == nil && rctx.Err() == nil; round++ {
 			if round > 0 {
@@ -208,9 +214,6 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 			actx, acancel := context.WithTimeout(rctx, 10*time.Second)
 			next, err = dialConsole(actx, ms, member, node, o)
 			acancel()
-			if next == nil && err != nil {
-				err = fmt.Errorf("could not reconnect within %v through %d member(s); the last said: %w", consoleReconnectFor, len(ms), err)
-			}
 			if next == nil {
 				select {
 				case <-rctx.Done():
@@ -219,6 +222,9 @@ func runConsole(ctx context.Context, env Env, args []string) int {
 			}
 		}
 		rcancel()
+		if next == nil && stayCtx.Err() == nil {
+			fmt.Fprintf(env.Stderr, "%s[obmesh: could not reconnect within %v through any of %d member(s); the last answer follows]%s", nl, consoleReconnectFor, len(members.all()), nl)
+		}
 		if next == nil {
 			break
 		}

@@ -345,3 +345,41 @@ func TestConsoleLog_NamesItself(t *testing.T) {
 		}
 	}
 }
+
+// ~. while the console reconnects (no member can serve it) leaves at once,
+// not after the reconnect's minute.
+func TestConsole_LeaveWhileReconnecting(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("from") != "" || r.URL.Path != "/v1/nodes/n1/console" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		ws.Write(r.Context(), websocket.MessageText, []byte(`{"type":"attach","session":"s1","offset":0,"writer":true}`))
+		ws.Close(websocket.StatusTryAgainLater, "the leader was lost")
+	}))
+	defer srv.Close()
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	var out, errb syncBuffer
+	env := Env{Stdin: pr, Stdout: &out, Stderr: &errb, Getenv: func(k string) string {
+		return map[string]string{"OBMESH_ADDR": srv.URL, "OBMESH_TOKEN": "t"}[k]
+	}}
+	codeCh := make(chan int, 1)
+	go func() {
+		codeCh <- (&Command{Subs: Commands()}).Execute(context.Background(), env, []string{"console", "n1"})
+	}()
+	waitFor(t, func() bool { return strings.Contains(errb.String(), "reconnecting") })
+	pw.Write([]byte("~."))
+	select {
+	case code := <-codeCh:
+		if code != 0 || !strings.Contains(errb.String(), "disconnected from n1") {
+			t.Fatalf("exit %d; stderr %q", code, errb.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("~. did not leave while reconnecting; stderr %q", errb.String())
+	}
+}
