@@ -62,3 +62,14 @@ func checkPositional(pos []string) error {
 	}
 	return nil
 }
+
+// checkOpTimeout refuses a -timeout above what the API gives an operation
+// (maxServerTimeout), as the flag's help says, rather than clamping it
+// silently. Commands whose -timeout bounds something else (events watch's
+// reconnecting) do not call it.
+func (f *clientFlags) checkOpTimeout() error {
+	if f.timeout > maxServerTimeout {
+		return fmt.Errorf("-timeout %v: at most %v (an operation on the coordinator is given no longer)", f.timeout, maxServerTimeout)
+	}
+	return nil
+}

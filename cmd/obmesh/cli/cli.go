@@ -285,8 +285,8 @@ func (f *clientFlags) client() (*api.Client, error) {
 	if f.output != "table" && f.output != "json" && f.output != "wide" {
 		return nil, fmt.Errorf("-o %s: use table, wide or json", api.Quote(f.output))
 	}
-	if f.timeout <= 0 || f.timeout > maxServerTimeout {
-		return nil, fmt.Errorf("-timeout %v: must be more than zero and at most %v", f.timeout, maxServerTimeout)
+	if f.timeout <= 0 {
+		return nil, fmt.Errorf("-timeout %v: must be more than zero", f.timeout)
 	}
 	hc, err := NewHTTPClient(f.tls)
 	if err != nil {
@@ -326,6 +326,9 @@ func apiCommand(name, synopsis, argsUsage string, nargs int, extra func(fs *flag
 			return 2
 		}
 		if err := checkPositional(pos); err != nil { // bound.go
+			return Usagef(env, "%s", err)
+		}
+		if err := f.checkOpTimeout(); err != nil { // bound.go
 			return Usagef(env, "%s", err)
 		}
 		c, err := f.client()

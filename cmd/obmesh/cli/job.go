@@ -140,6 +140,9 @@ func selectableCommand(name, synopsis, argsUsage string, trailing int, destructi
 		if err := sf.check(); err != nil {
 			return Usagef(env, "%s", err)
 		}
+		if err := f.checkOpTimeout(); err != nil {
+			return Usagef(env, "%s", err)
+		}
 		if len(pos) < trailing || len(pos) == 0 && !sf.any() {
 			return Usagef(env, "want %s, got %d argument(s)", argsUsage, len(pos))
 		}
@@ -645,6 +648,9 @@ func followCommand(name, synopsis, argsUsage string, nargs int, extra func(fs *f
 			return Usagef(env, "want %s, got %d argument(s)", want, len(pos))
 		}
 		if err := checkPositional(pos); err != nil {
+			return Usagef(env, "%s", err)
+		}
+		if err := f.checkOpTimeout(); err != nil {
 			return Usagef(env, "%s", err)
 		}
 		c, err := f.client()
