@@ -620,6 +620,9 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 	a.raiseEpoch(w.Epoch)
 	fence := newLinkFence(w) // fence.go
 	defer fence.close()
+	if age := time.Duration(monoNow() - w.HeardMonoNs); w.LostAfterMs > 0 && fence.check(monoNow()) != nil {
+		a.logger.Info("welcome echoed a stale hello: operations wait for the first heartbeat echo", "hello_age", age.Round(time.Millisecond), "lost_after_ms", w.LostAfterMs)
+	}
 	a.connected.Store(true)
 	a.metrics.linkSessions.Inc()
 	a.logger.Info("connected to coordinator", "coordinator", w.CoordinatorId, "addr", addr, "epoch", w.Epoch)
@@ -676,12 +679,9 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 				continue
 			}
 			a.raiseEpoch(op.Epoch)
-			if err := a.fenced(withFence(sctx, fence), op); err != nil {
-				// Delivered after its coordinator may have given this agent
-				// up (a link that went silent, then healed).
-				a.deliver(result(op.Id, time.Now(), 0, err, nil))
-				continue
-			}
+			// The link fence is checked (fenced) by the operation's own
+			// goroutine, below, never here: a fence not valid yet waits for
+			// the next HeartbeatAck, which this loop must go on reading.
 			if dl := time.Unix(0, op.DeadlineUnixNano); time.Now().After(dl) {
 				// Delivered after its deadline (a link that stalled and
 				// came back): the caller has given up; never run it late.
@@ -700,6 +700,10 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 				octx, ocancel := context.WithDeadline(sctx, deadline)
 				wg.Go(func() {
 					defer ocancel()
+					if err := a.fenced(withFence(octx, fence), op); err != nil {
+						a.deliver(result(op.Id, time.Now(), 0, err, nil))
+						return
+					}
 					if res := a.console(octx, sctx, cc, op); res != nil {
 						send(res)
 					}
@@ -720,6 +724,12 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 					a.opsMu.Unlock()
 					ocancel()
 				}()
+				if err := a.fenced(octx, op); err != nil {
+					// Delivered after its coordinator may have given this
+					// agent up (a link that went silent, then healed).
+					a.deliver(result(op.Id, time.Now(), 0, err, nil))
+					return
+				}
 				a.deliver(a.execute(octx, op))
 			})
 		case m.GetRelayConfig() != nil:
@@ -819,10 +829,15 @@ func (a *Agent) execute(ctx context.Context, op *agentpb.Operation) *agentpb.Age
 		if err := a.fenced(ctx, op); err != nil {
 			return err
 		}
+		if late := lateStart(op, time.Now()); late > 0 {
+			// fenced waited for the link's fence until the start-by
+			// deadline at most; a moment's difference of clocks aside.
+			return sdk.Errorf(classNotStarted, "operation reached the BMC %v after its start-by deadline; not carried out", late.Round(time.Millisecond))
+		}
 		if err := a.begin(op.Id); err != nil {
 			return err
 		}
-		if err := a.fenced(ctx, op); err != nil {
+		if err := a.fencedNow(ctx, op); err != nil {
 			return err // the journal write took the rest of the fence
 		}
 		t0 := time.Now()

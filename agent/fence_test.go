@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -222,5 +223,183 @@ func TestAgent_LinkFenceAtTheBMCsTurn(t *testing.T) {
 	}
 	if refused.Ok || refused.ErrorClass != classNotStarted || !strings.Contains(refused.ErrorMessage, "gives an agent up") || refused.PluginNs != 0 {
 		t.Fatalf("the operation whose turn came past the fence = %v, want not_started by the fence, the driver never called", refused)
+	}
+}
+
+// TestLinkFence_AwaitWaitsForAFreshEchoOnly: await lets an operation begin
+// at once while the fence is valid; while it is not, only a fresh enough
+// echo lets it begin (an echo that leaves the fence stale does not); the
+// link ending, the wait's bound or the operation's context refuse it.
+func TestLinkFence_AwaitWaitsForAFreshEchoOnly(t *testing.T) {
+	const L = time.Second
+	ctx := t.Context()
+	type res struct {
+		err error
+		at  int64
+	}
+	awaitIn := func(f *linkFence, ctx context.Context, wait time.Duration) chan res {
+		ch := make(chan res, 1)
+		go func() { err := f.await(ctx, wait); ch <- res{err, monoNow()} }()
+		return ch
+	}
+	get := func(ch chan res) res {
+		t.Helper()
+		select {
+		case r := <-ch:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("await did not return")
+			return res{}
+		}
+	}
+	pending := func(ch chan res) {
+		t.Helper()
+		select {
+		case r := <-ch:
+			t.Fatalf("await returned %v before a fresh echo", r.err)
+		default:
+		}
+	}
+
+	if err := newLinkFence(&agentpb.Welcome{HeardMonoNs: monoNow(), LostAfterMs: L.Milliseconds()}).await(ctx, 0); err != nil {
+		t.Fatalf("a valid fence: %v", err)
+	}
+	if err := (*linkFence)(nil).await(ctx, time.Hour); err != nil {
+		t.Fatalf("no fence: %v", err)
+	}
+
+	// A stale welcome (the hello was held for longer than lost_after): the
+	// operation waits; an echo still too old leaves it waiting, a fresh
+	// one lets it begin, and only then.
+	stale := func() *linkFence {
+		return newLinkFence(&agentpb.Welcome{HeardMonoNs: 1, LostAfterMs: L.Milliseconds()}) // the process's first nanosecond
+	}
+	for monoNow() < 1+int64(L) { // a test binary younger than L: wait until that echo is stale
+		time.Sleep(10 * time.Millisecond)
+	}
+	f := stale()
+	if f.check(monoNow()) == nil {
+		t.Fatal("the stale welcome's fence is valid")
+	}
+	ch := awaitIn(f, ctx, time.Hour)
+	f.ack(monoNow() - int64(L)) // newer than the welcome's, still past the fence
+	pending(ch)
+	fresh := monoNow()
+	f.ack(fresh)
+	if r := get(ch); r.err != nil {
+		t.Fatalf("after a fresh echo: %v", r.err)
+	} else if r.at < fresh {
+		t.Fatal("await returned before the fresh echo")
+	}
+
+	// The link ends while it waits: refused, at once.
+	f = stale()
+	ch = awaitIn(f, ctx, time.Hour)
+	pending(ch)
+	f.close()
+	if r := get(ch); r.err == nil || sdk.ClassOf(r.err) != classNotStarted || !strings.Contains(r.err.Error(), "has ended") {
+		t.Fatalf("link ended while waiting: %v, want not_started (link ended)", r.err)
+	}
+	f.ack(monoNow())
+	if err := f.await(ctx, time.Hour); err == nil {
+		t.Fatal("an echo after the link ended reopened it")
+	}
+
+	// No echo within the bound: refused when the bound passes.
+	f = stale()
+	from := monoNow()
+	r := get(awaitIn(f, ctx, 200*time.Millisecond))
+	if r.err == nil || sdk.ClassOf(r.err) != classNotStarted {
+		t.Fatalf("no echo within the bound: %v, want not_started", r.err)
+	}
+	if r.at < from+int64(200*time.Millisecond) {
+		t.Fatalf("refused %v into a 200ms wait", time.Duration(r.at-from))
+	}
+
+	// The operation's context ends (its deadline, a cancel): refused.
+	cctx, cancel := context.WithCancel(ctx)
+	ch = awaitIn(stale(), cctx, time.Hour)
+	cancel()
+	if r := get(ch); r.err == nil || sdk.ClassOf(r.err) != classNotStarted {
+		t.Fatalf("context ended while waiting: %v, want not_started", r.err)
+	}
+}
+
+// TestFenceWait_Bound: an operation waits for its link's fence until its
+// start-by deadline (its deadline without one), and never longer than
+// lost_after; not at all once that deadline passed or without a fence.
+func TestFenceWait_Bound(t *testing.T) {
+	now := time.Now()
+	f := &linkFence{lostAfter: 1500 * time.Millisecond}
+	at := func(startBy, deadline time.Duration) *agentpb.Operation {
+		o := &agentpb.Operation{DeadlineUnixNano: now.Add(deadline).UnixNano()}
+		if startBy != 0 {
+			o.StartByUnixNano = now.Add(startBy).UnixNano()
+		}
+		return o
+	}
+	for _, c := range []struct {
+		name              string
+		startBy, deadline time.Duration
+		want              time.Duration
+	}{
+		{"start-by soon", 300 * time.Millisecond, time.Minute, 300 * time.Millisecond},
+		{"start-by far", time.Hour, 2 * time.Hour, 1500 * time.Millisecond},
+		{"start-by passed", -time.Millisecond, time.Minute, 0},
+		{"no start-by: the deadline", 0, 200 * time.Millisecond, 200 * time.Millisecond},
+	} {
+		if got := fenceWait(f, at(c.startBy, c.deadline), now); got != c.want {
+			t.Errorf("%s: fenceWait = %v, want %v", c.name, got, c.want)
+		}
+	}
+	if got := fenceWait(nil, at(time.Hour, time.Hour), now); got != 0 {
+		t.Errorf("no fence: fenceWait = %v, want 0", got)
+	}
+}
+
+// TestAgent_LinkFenceStaleWelcomeWaitsForTheFirstEcho (issue 16, failover
+// without errors): a coordinator that held the agent's hello for longer
+// than lost_after (an election, a Raft write) welcomes it with a stale
+// echo and sends an operation at once, before it could echo the link's
+// first heartbeat. The agent does not begin the operation until an echo
+// makes the fence valid, and then runs it instead of refusing it.
+func TestAgent_LinkFenceStaleWelcomeWaitsForTheFirstEcho(t *testing.T) {
+	const L = 1500 * time.Millisecond
+	dir := pki(t)
+	l, addr := startCtl(t, dir)
+	startAgent(t, dir, addr)
+	var tl *testLink
+	select {
+	case tl = <-l.links:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the agent did not connect")
+	}
+	m, err := tl.Recv()
+	if err != nil || m.GetHello().GetSentMonoNs() <= 0 {
+		t.Fatalf("first message = %v, %v; want a stamped hello", m, err)
+	}
+	h := m.GetHello().SentMonoNs
+	for monoNow() < h+int64(L) { // the hello held past lost_after
+		time.Sleep(10 * time.Millisecond)
+	}
+	tl.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{
+		Epoch: 1, HeartbeatIntervalMs: 50, HeardMonoNs: h, LostAfterMs: L.Milliseconds()}}})
+	fl := &fenceLink{testLink: tl, lastSeen: h, lastAck: h}
+	fl.Send(fenceOp("early", "power_status", ""))
+	// Not begun while no fresh echo came: two heartbeats go by unanswered
+	// and no result.
+	for beats := 0; beats < 2; {
+		m := fl.recv(t)
+		if m.GetHeartbeat() != nil {
+			beats++
+		}
+		if r := m.GetResult(); r != nil {
+			t.Fatalf("the operation ended before any fresh echo: %v", r)
+		}
+	}
+	fl.acking = true
+	fl.ack()
+	if r := fl.results(t, "early")["early"]; !r.Ok || r.PluginNs == 0 {
+		t.Fatalf("the operation after the first fresh echo = %v, want it run", r)
 	}
 }

@@ -200,6 +200,7 @@ type conn struct {
 	closed       bool
 	gone         string // why the stream ended, for Dispatch's error; set with closed
 	heardMono    int64  // the latest heartbeat stamp received, echoed by ackHeartbeats (fence.go)
+	givenUp      bool   // the watchdog gave the agent up: no stamp is echoed after (fence.go)
 
 	ackKick chan struct{} // capacity 1: a heartbeat stamp awaits its echo
 }
@@ -378,6 +379,7 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 		case now := <-tick.C:
 			c.mu.Lock()
 			silent, inflight := now.Sub(c.lastContact), len(c.pending)
+			c.givenUp = silent > lostAfter*s.cfg.Heartbeat // with the check: see heard (fence.go)
 			c.mu.Unlock()
 			if silent > lostAfter*s.cfg.Heartbeat {
 				gone, lost = fmt.Sprintf("was lost (no heartbeat for %v)", silent.Round(time.Millisecond)), true

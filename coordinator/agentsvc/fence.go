@@ -33,13 +33,19 @@ import (
 //	s_m ≤ r_m                      (a message is received after it is sent)
 //	r_m ≤ lc                       (lastContact only grows, m is a contact;
 //	                                the hello's receipt precedes the conn's
-//	                                first lastContact)
+//	                                first lastContact; a heartbeat read
+//	                                after the watchdog decided to give up
+//	                                is never echoed: conn.givenUp, set with
+//	                                that decision, see heard)
 //	g − lc > L·(1−ρc)              (the watchdog gives up only when silent
 //	                                for more than L = lostAfter·Heartbeat on
 //	                                its clock; its ticks only make g later)
 //
 // The agent begins at real time b only if its clock then reads less than
-// E + L − margin, so b − s_m < (L − margin)·(1+ρa). Hence
+// E + L − margin, E the latest echo it has at b (an operation that arrives
+// while that does not hold waits, bounded, for a fresher echo: it begins
+// only once one makes it hold, so the rule is the same whenever it
+// arrived), so b − s_m < (L − margin)·(1+ρa). Hence
 //
 //	b < s_m + L − margin + ρa·L ≤ lc + L − margin + ρa·L < g − margin + (ρa+ρc)·L
 //
@@ -60,12 +66,22 @@ func (s *Service) fenceLostAfter() int64 {
 }
 
 // heard notes a heartbeat's stamp (called by the receive loop, after
-// lastContact was updated) and wakes the acknowledger.
+// lastContact was updated) and wakes the acknowledger. A heartbeat read
+// after the watchdog gave the agent up is not echoed: its receipt is later
+// than the lc the give-up was decided with, and echoing it would let the
+// agent begin operations this coordinator is answering "unknown" (the
+// proof's r_m ≤ lc). givenUp is set under c.mu in the same critical
+// section as the silence check, so every stamp recorded here was received
+// before the lc that check read.
 func (c *conn) heard(hb *agentpb.Heartbeat) {
 	if hb.GetSentMonoNs() == 0 {
 		return // an agent without monotonic stamps: nothing to echo
 	}
 	c.mu.Lock()
+	if c.givenUp {
+		c.mu.Unlock()
+		return
+	}
 	if hb.SentMonoNs > c.heardMono {
 		c.heardMono = hb.SentMonoNs
 	}

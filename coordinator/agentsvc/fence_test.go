@@ -115,6 +115,9 @@ func TestFence_CoordinatorGivesUpNoEarlierThanItsEchoesAllow(t *testing.T) {
 		err error
 		at  int64 // the agent's clock when the caller was told
 	}
+	l.svc.mu.Lock()
+	c := l.svc.conns["agent-1"]
+	l.svc.mu.Unlock()
 	done := make(chan outcome, 1)
 	go func() {
 		_, err := l.svc.Dispatch(t.Context(), "s1", "mock", op("op-fenced"))
@@ -142,6 +145,30 @@ func TestFence_CoordinatorGivesUpNoEarlierThanItsEchoesAllow(t *testing.T) {
 		t.Fatalf("the caller was told unknown %v after the latest echoed stamp, before lost_after (%v): an agent fenced at lost_after could still begin the operation after that answer", gave, lostAfter)
 	} else {
 		t.Logf("told unknown %v after the latest echoed stamp (lost_after %v)", gave, lostAfter)
+	}
+	// Given up: a heartbeat still read from the link now is not echoed.
+	c.mu.Lock()
+	given := c.givenUp
+	c.mu.Unlock()
+	if !given {
+		t.Fatal("the watchdog gave the agent up without marking its link given up")
+	}
+}
+
+// TestFence_NoEchoAfterGiveUp: a heartbeat read after the watchdog gave
+// the agent up (it was in flight, or the link healed at that moment) is
+// not echoed: the agent would otherwise begin operations this coordinator
+// is answering "unknown".
+func TestFence_NoEchoAfterGiveUp(t *testing.T) {
+	c := &conn{ackKick: make(chan struct{}, 1), heardMono: 5, givenUp: true}
+	c.heard(&agentpb.Heartbeat{SentMonoNs: 9})
+	if c.heardMono != 5 {
+		t.Fatalf("heard %d after the give-up, want 5", c.heardMono)
+	}
+	select {
+	case <-c.ackKick:
+		t.Fatal("a heartbeat after the give-up woke the acknowledger")
+	default:
 	}
 }
 

@@ -262,19 +262,20 @@ func (s *rigSite) okAfter(t time.Time) time.Time {
 
 // errorsBetween counts keys begun in [from, to) whose final answer is not
 // ok (client-visible errors after retries).
-func (r *rig) errorsBetween(from, to time.Time) (errs []string) {
+func (r *rig) errorsBetween(from, to time.Time) (errs, ids []string) {
 	for _, s := range r.sites {
 		for _, n := range s.nodes {
 			n.mu.Lock()
 			for _, k := range n.keys {
 				if !k.start.Before(from) && k.start.Before(to) && !k.end.IsZero() && k.outcome != api.OutcomeOK {
 					errs = append(errs, fmt.Sprintf("%s %s %s: %s %s after %d attempts", n.name, k.action, k.id, k.outcome, k.class, k.attempts))
+					ids = append(ids, k.ids...)
 				}
 			}
 			n.mu.Unlock()
 		}
 	}
-	return errs
+	return errs, ids
 }
 
 // waitSitesOK waits until every site has an ok answer that ended after t.
@@ -294,6 +295,7 @@ type failoverGap struct {
 	election time.Duration            // kill → a new leader answers /v1/status as leader
 	site     map[string]time.Duration // kill → the site's first ok operation
 	errors   []string                 // client-visible errors of keys begun in the window
+	errIDs   []string                 // every receipt id those keys were answered with
 }
 
 // killLeader kills the leader under load, measures the gap per site, and
@@ -336,7 +338,7 @@ func (r *rig) killLeader() failoverGap {
 		}
 		return true
 	})
-	gap.errors = r.errorsBetween(killAt.Add(-rigKeyBudget), windowEnd)
+	gap.errors, gap.errIDs = r.errorsBetween(killAt.Add(-rigKeyBudget), windowEnd)
 	r.restart(l)
 	r.g.Leader(60 * time.Second)
 	return gap
@@ -488,6 +490,9 @@ func TestFailover_EveryOperationAccountedFor(t *testing.T) {
 		for _, e := range gap.errors {
 			t.Errorf("leader kill %d: a client saw an error: %s", i, e)
 		}
+		for _, id := range gap.errIDs {
+			r.grepLogs(t, id) // what each process did with it
+		}
 	}
 
 	// An agent killed under load, and restarted.
@@ -546,7 +551,12 @@ func TestFailover_EveryOperationAccountedFor(t *testing.T) {
 		"results re-sent on a new link":                   "re-sent unacknowledged results",
 		"operations refused past their start-by":          "after its start-by deadline",
 		"agents sent on from an unreachable leader":       "cannot be reached; asking another",
+		"operations refused at a link fence":              "refusing an operation past its link fence",
+		"links welcomed with a stale hello echo":          "welcome echoed a stale hello",
+		"operations that waited for a fresh fence echo":   "operation waited for its link fence",
 	}))
+	r.grepLogs(t, "past its link fence")          // each refusal says how stale the fence was
+	r.grepLogs(t, "welcome echoed a stale hello") // how long members held hellos
 }
 
 // grepLogs logs every process's log lines that mention s.
