@@ -682,14 +682,18 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 			// The link fence is checked (fenced) by the operation's own
 			// goroutine, below, never here: a fence not valid yet waits for
 			// the next HeartbeatAck, which this loop must go on reading.
-			if dl := time.Unix(0, op.DeadlineUnixNano); time.Now().After(dl) {
+			// While it is not valid, the fence answers first (an operation
+			// held in a dead link is refused by the fence, whatever else
+			// is late), so the checks below wait for the goroutine then.
+			fenceOK := fence.check(monoNow()) == nil
+			if dl := time.Unix(0, op.DeadlineUnixNano); fenceOK && time.Now().After(dl) {
 				// Delivered after its deadline (a link that stalled and
 				// came back): the caller has given up; never run it late.
 				a.logger.Warn("refusing an operation delivered after its deadline", "op", op.Id, "late_by", time.Since(dl))
 				a.deliver(result(op.Id, time.Now(), 0, sdk.Errorf(classNotStarted, "operation delivered %v after its deadline; not carried out", time.Since(dl).Round(time.Millisecond)), nil))
 				continue
 			}
-			if late := lateStart(op, time.Now()); late > 0 {
+			if late := lateStart(op, time.Now()); fenceOK && late > 0 {
 				a.logger.Warn("refusing an operation received after its start-by deadline", "op", op.Id, "late_by", late)
 				a.deliver(result(op.Id, time.Now(), 0, sdk.Errorf(classNotStarted, "operation received %v after its start-by deadline; not carried out", late.Round(time.Millisecond)), nil))
 				continue

@@ -174,6 +174,14 @@ func TestAgent_LinkFenceRefusesAnOperationThatArrivesLate(t *testing.T) {
 	if r.Ok || r.ErrorClass != classNotStarted || !strings.Contains(r.ErrorMessage, "gives an agent up") {
 		t.Fatalf("an operation arriving past the link fence = %v, want not_started by the fence", r)
 	}
+	// Past the fence and past its start-by too: the fence answers first
+	// (a start-by refusal would hide a fence that does not work).
+	late := fenceOp("stale-late", "power_off", "")
+	late.GetOperation().StartByUnixNano = time.Now().Add(-time.Second).UnixNano()
+	fl.Send(late)
+	if r := fl.results(t, "stale-late")["stale-late"]; r.Ok || !strings.Contains(r.ErrorMessage, "gives an agent up") {
+		t.Fatalf("an operation past the link fence and its start-by = %v, want not_started by the fence", r)
+	}
 	fl.acking = true
 	fl.ack()
 	fl.Send(fenceOp("status", "power_status", ""))
