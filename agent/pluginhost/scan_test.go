@@ -321,3 +321,26 @@ func TestRun_ForgetsARemovedPluginOnceDrained(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A plugin file found by a scan starts at once, without waiting for the
+// supervisor's next tick or a call.
+func TestScan_StartsANewPluginAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	h := scanHost(t, dir, nil)
+	h.scan(false)
+	script(t, dir, "acme", "exec sleep 600", 0o755) // a start that does not end by itself
+	h.scan(false)
+	p := plug(h, "acme")
+	if p == nil {
+		t.Fatal("the new plugin was not found")
+	}
+	p.mu.Lock()
+	starting := p.starting != nil
+	p.mu.Unlock()
+	if !starting {
+		t.Errorf("the scan that found the plugin did not start it")
+	}
+	if d, _ := driver(h, "acme"); d.Health != HealthStarting || d.Offered {
+		t.Errorf("a plugin in its first start = %+v, want starting and not offered", d)
+	}
+}
