@@ -391,10 +391,18 @@ func TestJob_NodeDeletedBeforeItsTurnFailsAndCounts(t *testing.T) {
 	// A job recorded over a node that is gone by the time it runs.
 	j := state.Job{ID: "job-00000000000000000000000d", Action: "power_on", Nodes: []string{"a-000", "a-001", "gone"}, Parallelism: 1,
 		MaxFailures: 1, Coordinator: "c1", Epoch: 1}
+	// Registered as this member's run before it is recorded, as Create
+	// does: otherwise the service's sweep (every 20 ms) may take the
+	// running job for one a lost leader left and finish it as interrupted
+	// before execute records anything.
+	r := &run{id: j.ID, done: make(chan struct{})}
+	s.mu.Lock()
+	s.running[j.ID] = r
+	s.mu.Unlock()
+	t.Cleanup(func() { s.mu.Lock(); delete(s.running, j.ID); s.mu.Unlock() })
 	if _, err := (member{c, "c1"}).Apply(context.Background(), state.CreateJob{Job: j}); err != nil {
 		t.Fatal(err)
 	}
-	r := &run{id: j.ID, done: make(chan struct{})}
 	s.execute(context.Background(), r, j, 0)
 	got, _ := c.st.Job(j.ID)
 	if got.State != state.JobStopped || got.Results[2].Outcome != state.JobFailed || got.Results[2].Class != "not_found" ||

@@ -63,12 +63,14 @@ func (s *Service) Get(ctx context.Context, id, results string, stale bool) (api.
 		}
 		return toAPI(info), nil
 	}
+	// The header, counts and results all come from one copy: read apart,
+	// a batch applied between the reads would show a finished job's counts
+	// with results (and a latency summary) from before its last batch.
 	j, ok := st.Job(id)
 	if !ok {
 		return api.Job{}, noJob(id)
 	}
-	info, _ := st.JobInfo(id)
-	out := toAPI(info)
+	out := toAPI(infoOf(j))
 	out.Results = []api.JobResult{}
 	out.Latency = latency(j.Results)
 	for i, r := range j.Results {
@@ -94,6 +96,14 @@ func (s *Service) Get(ctx context.Context, id, results string, stale bool) (api.
 		out.Results = append(out.Results, ar)
 	}
 	return out, nil
+}
+
+// infoOf is a job's header and counts, from the same copy as its results.
+func infoOf(j state.Job) state.JobInfo {
+	return state.JobInfo{ID: j.ID, Action: j.Action, BootDevice: j.BootDevice, Selector: j.Selector, Coordinator: j.Coordinator,
+		State: j.State, Reason: j.Reason, Persistent: j.Persistent, EFI: j.EFI, Parallelism: j.Parallelism,
+		MaxFailures: j.MaxFailures, Epoch: j.Epoch, CreateIndex: j.CreateIndex, CreatedUnixNano: j.CreatedUnixNano,
+		FinishedUnixNano: j.FinishedUnixNano, Counts: j.Counts()}
 }
 
 // List shows every job (newest first) without results.
