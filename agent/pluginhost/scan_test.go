@@ -344,3 +344,23 @@ func TestScan_StartsANewPluginAtOnce(t *testing.T) {
 		t.Errorf("a plugin in its first start = %+v, want starting and not offered", d)
 	}
 }
+
+// Replacing a known plugin's file is logged (the operator's upgrade); a
+// file that appears, or becomes executable, is not a replacement.
+func TestScan_ReplacementIsLoggedOnlyForAKnownFile(t *testing.T) {
+	dir := t.TempDir()
+	log := &logRecords{}
+	h := scanHost(t, dir, log)
+	script(t, dir, "acme", "exec sleep 600", 0o644)
+	h.scan(false)
+	os.Chmod(filepath.Join(dir, ExternalPrefix+"acme"), 0o755)
+	h.scan(false)
+	if n := log.count(slog.LevelInfo, "plugin file replaced"); n != 0 {
+		t.Errorf("a file made executable was logged as replaced")
+	}
+	script(t, dir, "acme", "exec sleep 601", 0o755)
+	h.scan(false)
+	if n := log.count(slog.LevelInfo, "plugin file replaced"); n != 1 {
+		t.Errorf("a replaced file was logged %d times, want once", n)
+	}
+}
