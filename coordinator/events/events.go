@@ -10,7 +10,10 @@
 // subscription (state.BMCSub, Owner "relay") that points at the event relay
 // of a connected agent of the node's site; the relay fans events out. In
 // direct mode each subscription has its own BMC subscription that posts
-// straight to the user's destination.
+// straight to the user's destination. A relay-mode subscription's status
+// is active only once its BMC subscription is active and its relay agent
+// has acknowledged a relay configuration holding it: from then on, an
+// event the BMC sends reaches it (until then: pending, no_agent).
 //
 // The reconciler runs on the leader only: it starts when this coordinator
 // gains the leadership and stops (waiting for its goroutines) when it loses

@@ -87,6 +87,9 @@ type nodeRun struct {
 	failed  bool
 	retry   time.Duration
 	secrets []string
+	// held: a relay subscriber is shown pending until its relay agent
+	// acknowledges a configuration holding it (subscriberKnown).
+	held bool
 }
 
 var errStaleRun = errors.New("events: the state changed under this reconcile")
@@ -128,6 +131,11 @@ func (r *reconciler) reconcileNode(ctx context.Context, e *nodeEntry, force, ref
 	out := run.bmc()
 	if err := run.flush(); err != nil {
 		return run.abort(err), fp
+	}
+	if run.held && !out.failed {
+		// Woken by the next relay report (awaitAck); the retry covers
+		// an agent that never reports.
+		out.settled, out.retry = false, max(out.retry, r.cfg.RelayAckTimeout/2)
 	}
 	return out, fp
 }
@@ -1180,6 +1188,11 @@ func (run *nodeRun) flush() error {
 			}
 		}
 		want := deriveStatus(sub.Status, b)
+		if sub.Mode == state.ModeRelay && want.State == state.SubActive && sub.Status.State != state.SubActive &&
+			!run.subscriberKnown(b, sub) {
+			want.State, want.ErrorClass = state.SubPending, "no_agent"
+			want.ErrorMessage = fmt.Sprintf("the relay agent %q has not acknowledged the relay configuration with this subscription yet", b.Agent)
+		}
 		if sameStatus(sub.Status, want) {
 			continue
 		}
@@ -1189,6 +1202,27 @@ func (run *nodeRun) flush() error {
 		}
 	}
 	return nil
+}
+
+// subscriberKnown reports whether b's relay agent has acknowledged a
+// relay configuration holding relay subscriber sub (any built at or past
+// its CreateIndex: subscriptions do not change after creation). Until it
+// has, the subscription is not shown active: the BMC's shared subscription
+// may be active already, but an event it sent now would not reach this
+// subscriber. A push is asked for and the node runs again at the next
+// relay report. A subscription once shown active is not held again (a
+// relay restart gets the whole configuration on Welcome).
+func (run *nodeRun) subscriberKnown(b *state.BMCSub, sub state.Subscription) bool {
+	if run.r.s.relayAcked(b.Agent, sub.CreateIndex) {
+		return true
+	}
+	run.r.awaitAck(run.node.Name) // then check again: a report in between still wakes the node
+	if run.r.s.relayAcked(b.Agent, sub.CreateIndex) {
+		return true // the node may run once more for nothing
+	}
+	run.held = true
+	run.r.s.push.request()
+	return false
 }
 
 // deriveStatus is a subscription's status as its BMC subscription says

@@ -507,7 +507,9 @@ func (r *reconciler) firstScan() {
 			if s.Mode == state.ModeDirect {
 				owner = s.ID
 			}
-			if !owners[owner] {
+			// Pending with its BMC side there: a relay subscriber whose
+			// agent had not acknowledged it yet (nodeRun.subscriberKnown).
+			if !owners[owner] || s.Status.State == state.SubPending {
 				settled, terminal = false, false
 			}
 		}
