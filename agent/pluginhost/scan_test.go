@@ -358,9 +358,24 @@ func TestScan_ReplacementIsLoggedOnlyForAKnownFile(t *testing.T) {
 	if n := log.count(slog.LevelInfo, "plugin file replaced"); n != 0 {
 		t.Errorf("a file made executable was logged as replaced")
 	}
+	p := plug(h, "acme")
+	p.mu.Lock()
+	inProgress := p.starting
+	p.mu.Unlock()
+	if inProgress == nil {
+		t.Fatal("the executable file was not started")
+	}
 	script(t, dir, "acme", "exec sleep 601", 0o755)
 	h.scan(false)
 	if n := log.count(slog.LevelInfo, "plugin file replaced"); n != 1 {
 		t.Errorf("a replaced file was logged %d times, want once", n)
+	}
+	// Replaced during its start: that start is marked stale (its process
+	// will be retired and the new file started), no second start begins.
+	p.mu.Lock()
+	same, stale := p.starting == inProgress, p.stale
+	p.mu.Unlock()
+	if !same || !stale {
+		t.Errorf("replaced during a start: same start %v, stale %v; want the start marked stale and no second one", same, stale)
 	}
 }
