@@ -78,6 +78,7 @@ func TestAssets_ContentTypesAndHeaders(t *testing.T) {
 		"/ui/app.js":                         "text/javascript; charset=utf-8",
 		"/ui/client.js":                      "text/javascript; charset=utf-8",
 		"/ui/console.js":                     "text/javascript; charset=utf-8",
+		"/ui/reconnect.js":                   "text/javascript; charset=utf-8",
 		"/ui/vendor/xterm/xterm.mjs":         "text/javascript; charset=utf-8",
 		"/ui/vendor/addon-fit/addon-fit.mjs": "text/javascript; charset=utf-8",
 		"/ui/style.css":                      "text/css; charset=utf-8",
@@ -187,7 +188,7 @@ func TestPage_EveryReferenceServed(t *testing.T) {
 			refs[dir+strings.TrimPrefix(m[1], "./")] = true
 		}
 	}
-	for _, want := range []string{"app.js", "style.css", "vendor/xterm/xterm.css", "vendor/xterm/xterm.mjs", "client.js", "console.js", "vendor/addon-fit/addon-fit.mjs"} {
+	for _, want := range []string{"app.js", "style.css", "vendor/xterm/xterm.css", "vendor/xterm/xterm.mjs", "client.js", "console.js", "reconnect.js", "vendor/addon-fit/addon-fit.mjs"} {
 		if !refs[want] {
 			t.Errorf("nothing refers to %s: is the reference scan broken?", want)
 		}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,8 +23,10 @@ import (
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+	"github.com/coder/websocket"
 
 	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/coordinator/webui"
 	"github.com/obmesh/obmesh/tests/bmcsim"
 )
 
@@ -700,9 +704,18 @@ func TestWebUI_ConsoleSurvivesLeaderKill(t *testing.T) {
 	pg.do("type", chromedp.Focus(chromedp.CSS("#terminal .xterm-helper-textarea")), typeKeys("before-the-kill\r"))
 	pg.waitJS(15*time.Second, "the echo", rows+`.includes("before-the-kill")`)
 
+	// Every status the page shows from here on: "reconnecting" may show
+	// only briefly.
+	pg.do("record the status line", chromedp.Evaluate[chromedp.Void](`{
+		window.__statuses = [];
+		new MutationObserver((recs) => { for (const r of recs) for (const n of r.addedNodes) window.__statuses.push(n.textContent); })
+			.observe(document.querySelector("#console-status"), { childList: true, characterData: true, subtree: true });
+	}`))
 	g.Kill(leader)
-	pg.waitJS(60*time.Second, "the console to reconnect", `document.querySelector("#console-status").innerText.includes("reconnecting")`)
-	pg.waitJS(60*time.Second, "the console connected again", `document.querySelector("#console-status").innerText.includes("keyboard")`)
+	pg.waitJS(60*time.Second, "the console to reconnect", `window.__statuses.some((s) => s.includes("reconnecting"))`)
+	// The page retries for up to 2 minutes (an election, then the agent
+	// linking to the new leader, may take long on a loaded machine).
+	pg.waitJS(2*time.Minute, "the console connected again", `window.__statuses.at(-1).includes("keyboard")`)
 	WaitFor(t, 60*time.Second, "typing to reach the console again", func() bool {
 		pg.do("type", chromedp.Focus(chromedp.CSS("#terminal .xterm-helper-textarea")), typeKeys("after-the-kill\r"))
 		ok, _ := evalIn[bool](pg, rows+`.includes("after-the-kill")`)
@@ -721,6 +734,8 @@ func TestWebUI_ConsoleSurvivesLeaderKill(t *testing.T) {
 	if strings.Contains(got, "missed") || strings.Contains(got, "console ended") {
 		t.Errorf("the page reported lost output or an end:\n%s", got)
 	}
+	st, _ := evalIn[[]string](pg, `window.__statuses`)
+	t.Logf("the page's statuses after the kill:\n%s", strings.Join(st, "\n"))
 	pg.checkNoProblems()
 }
 
@@ -779,4 +794,305 @@ func BenchmarkWebUI_ConsoleEcho(b *testing.B) {
 	b.ReportMetric(lat[len(lat)/2], "p50-ms")
 	b.ReportMetric(lat[(len(lat)*99)/100], "p99-ms")
 	b.ReportMetric(0, "ns/op") // the loop's time includes the test's own polling
+}
+
+// fakeConsoleAPI stands in for a coordinator's API behind the web UI, with
+// scripted answers: the console WebSocket's handshakes answer in turn as
+// plan says (0: accepted, handed to the test on conns; past the plan: 503),
+// and GET /v1/nodes/{name}, the page's check after a failed handshake,
+// answers probe(handshakes so far).
+type fakeConsoleAPI struct {
+	token string
+	plan  []int
+	probe func(dials int) int
+	conns chan *websocket.Conn
+
+	mu       sync.Mutex
+	dials    []fakeDial
+	probes   []int // the handshakes made when each probe came
+	accepted []*websocket.Conn
+}
+
+type fakeDial struct {
+	at     time.Time
+	query  url.Values
+	status int
+	authed bool // the token came as the subprotocol
+}
+
+func (f *fakeConsoleAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	const node = "fake-node"
+	answer := func(code int, body string) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		io.WriteString(w, body)
+	}
+	if r.URL.Path == "/v1/nodes/"+node+"/console" && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		authed := slices.Contains(strings.Split(strings.ReplaceAll(r.Header.Get("Sec-WebSocket-Protocol"), " ", ""), ","),
+			api.TokenSubprotocolPrefix+base64.RawURLEncoding.EncodeToString([]byte(f.token)))
+		f.mu.Lock()
+		status := http.StatusServiceUnavailable
+		if n := len(f.dials); n < len(f.plan) {
+			status = f.plan[n]
+		}
+		f.dials = append(f.dials, fakeDial{at: time.Now(), query: r.URL.Query(), status: status, authed: authed})
+		f.mu.Unlock()
+		if status != 0 {
+			answer(status, `{"error":{"code":"no_leader","message":"scripted refusal"}}`)
+			return
+		}
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{"obmesh.console.v1"}})
+		if err != nil {
+			return
+		}
+		f.mu.Lock()
+		f.accepted = append(f.accepted, c)
+		f.mu.Unlock()
+		f.conns <- c // buffered beyond the plan's acceptances
+		return
+	}
+	if r.Header.Get("Authorization") != "Bearer "+f.token {
+		answer(http.StatusUnauthorized, `{"error":{"code":"unauthorized","message":"missing or wrong bearer token"}}`)
+		return
+	}
+	switch r.URL.Path {
+	case "/v1/status":
+		answer(http.StatusOK, `{"id":"fake","is_leader":true,"leader":"fake","version":"test"}`)
+	case "/v1/nodes":
+		answer(http.StatusOK, `[{"name":"`+node+`","driver":"ipmi","site":"default"}]`)
+	case "/v1/nodes/" + node:
+		f.mu.Lock()
+		dials := len(f.dials)
+		f.probes = append(f.probes, dials)
+		f.mu.Unlock()
+		switch code := f.probe(dials); code {
+		case http.StatusOK:
+			answer(code, `{"name":"`+node+`","driver":"ipmi","site":"default"}`)
+		case http.StatusNotFound:
+			answer(code, `{"error":{"code":"not_found","message":"no such node"}}`)
+		default:
+			answer(code, `{"error":{"code":"no_leader","message":"scripted"}}`)
+		}
+	default:
+		answer(http.StatusNotFound, `{"error":{"code":"not_found","message":"not in the fake"}}`)
+	}
+}
+
+func (f *fakeConsoleAPI) snapshot() ([]fakeDial, []int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.dials), slices.Clone(f.probes)
+}
+
+// TestWebUI_ConsoleRetriesUntilADefiniteRefusal: the page's console, on a
+// scripted API, retries what a browser cannot tell from a refusal (a
+// failed handshake: a leaderless group or an agent not yet re-linked
+// answers 503) with a growing delay, showing the attempt, and continues
+// from its last offset in the same session, without repeating output;
+// after a failed handshake it asks GET /v1/nodes/{name} and stops at once
+// on a definite answer: 404 (no such node) ends the console, 401 (the
+// token) logs the page out. The reconnection policy's own functions
+// (reconnect.js) are checked in the browser too.
+func TestWebUI_ConsoleRetriesUntilADefiniteRefusal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("test with a browser")
+	}
+	f := &fakeConsoleAPI{
+		token: "fake-token-5c1e",
+		// 1: the first open refused (probe 200: transient); 2: accepted;
+		// after a 1013: 3-5 refused (probe 503: transient), 6 accepted;
+		// after a broken connection: 7 refused (probe 404: definite);
+		// the Reconnect button: 8 refused (probe 401: definite).
+		plan:  []int{503, 0, 503, 502, 503, 0, 503, 503},
+		conns: make(chan *websocket.Conn, 8),
+		probe: func(dials int) int {
+			switch {
+			case dials <= 2:
+				return http.StatusOK
+			case dials <= 6:
+				return http.StatusServiceUnavailable
+			case dials == 7:
+				return http.StatusNotFound
+			}
+			return http.StatusUnauthorized
+		},
+	}
+	mux := http.NewServeMux()
+	webui.Mount(mux)
+	mux.Handle("/v1/", f)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(func() {
+		f.mu.Lock()
+		for _, c := range f.accepted {
+			c.CloseNow()
+		}
+		f.mu.Unlock()
+		srv.Close()
+	})
+	pg := newPage(t, "")
+	base := srv.URL
+	accept := func(what string) *websocket.Conn {
+		t.Helper()
+		select {
+		case c := <-f.conns:
+			return c
+		case <-time.After(60 * time.Second):
+			dials, probes := f.snapshot()
+			t.Fatalf("%s: no console WebSocket accepted within 60 s (handshakes %+v, probes %v)\n%s", what, dials, probes, pg.describe())
+		}
+		return nil
+	}
+	send := func(c *websocket.Conn, typ websocket.MessageType, msg string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := c.Write(ctx, typ, []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const rows = `(document.querySelector("#terminal .xterm-rows")||{innerText:""}).innerText`
+	pg.do("log in", chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), f.token), chromedp.Click(chromedp.CSS(`#login-form button[type="submit"]`)))
+	pg.waitJS(15*time.Second, "the nodes table", `!!document.querySelector('tr[data-node="fake-node"]')`)
+
+	t.Run("policy", func(t *testing.T) {
+		pg.t = t
+		type result struct {
+			Delays, Jittered, Kinds, Verdicts, GiveUp []string
+		}
+		ectx, cancel := context.WithTimeout(pg.ctx, 10*time.Second)
+		defer cancel()
+		r, err := chromedp.Run(ectx, chromedp.Evaluate[result](`(async () => {
+			const p = await import("/ui/reconnect.js");
+			const s = (xs) => xs.map(String);
+			return {
+				Delays: s([1, 2, 3, 4, 5, 6, 20].map((n) => p.delay(n, () => 0))),
+				Jittered: s([1, 6].map((n) => p.delay(n, () => 1))),
+				Kinds: [[1013, true], [1013, false], [1001, true], [1012, true], [1006, true], [1006, false], [1005, false],
+					[1000, true], [1011, true], [1008, true]].map(([c, o]) => p.closeKind(c, o)),
+				Verdicts: [401, 404, 0, 200, 502, 503, 500].map((st) => String(p.probeVerdict(st).final)),
+				GiveUp: s([p.giveUp(119999, true), p.giveUp(120000, true), p.giveUp(29999, false), p.giveUp(30000, false)]),
+			};
+		})()`, chromedp.EvalAwaitPromise))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			name      string
+			got, want []string
+		}{
+			{"delay (no jitter)", r.Delays, []string{"250", "500", "1000", "2000", "4000", "5000", "5000"}},
+			{"delay (most jitter)", r.Jittered, []string{"200", "4000"}},
+			{"closeKind", r.Kinds, []string{"lost", "lost", "lost", "lost", "lost", "refused", "refused", "ended", "ended", "ended"}},
+			{"probeVerdict final for 401 404 0 200 502 503 500", r.Verdicts, []string{"true", "true", "false", "false", "false", "false", "false"}},
+			{"giveUp", r.GiveUp, []string{"false", "true", "false", "true"}},
+		} {
+			if !slices.Equal(c.got, c.want) {
+				t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
+			}
+		}
+	})
+
+	pg.t = t
+	// Every status the page shows from here on.
+	pg.do("record the status line", chromedp.Evaluate[chromedp.Void](`{
+		window.__statuses = [];
+		new MutationObserver((recs) => { for (const r of recs) for (const n of r.addedNodes) window.__statuses.push(n.textContent); })
+			.observe(document.querySelector("#console-status"), { childList: true, characterData: true, subtree: true });
+	}`))
+	statuses := func() []string {
+		s, _ := evalIn[[]string](pg, `window.__statuses`)
+		return s
+	}
+	pg.do("open the console", chromedp.Navigate(base+"/ui/#console/fake-node"))
+	c := accept("the first open, after one refused handshake")
+	send(c, websocket.MessageText, `{"type":"attach","session":"s1","offset":100,"writer":true}`)
+	send(c, websocket.MessageBinary, "fake-banner\r\n") // 13 bytes: the next offset is 113
+	pg.waitJS(15*time.Second, "the banner", rows+`.includes("fake-banner")`)
+	pg.waitJS(15*time.Second, "the keyboard", `document.querySelector("#console-status").innerText.includes("keyboard")`)
+	dials, probes := f.snapshot()
+	if len(dials) != 2 || !slices.Equal(probes, []int{1}) {
+		t.Fatalf("the first open: handshakes %+v, probes after handshakes %v; want 2 and [1]", dials, probes)
+	}
+	for i, d := range dials {
+		if d.query.Get("replay") != "1" || d.query.Get("meta") != "1" || d.query.Has("from") {
+			t.Errorf("first open, handshake %d: query %v, want replay=1&meta=1 without from", i+1, d.query)
+		}
+	}
+
+	// The leader is lost: 1013. Three handshakes are refused (a group
+	// electing a leader, an agent not yet linked to it), the fourth is
+	// accepted.
+	c.Close(websocket.StatusTryAgainLater, "the leader was lost; reconnect (with from= to continue)")
+	c = accept("the reconnection after three refused handshakes")
+	send(c, websocket.MessageText, `{"type":"attach","session":"s1","offset":113,"writer":true}`)
+	send(c, websocket.MessageBinary, "after-reconnect\r\n")
+	pg.waitJS(15*time.Second, "the output after the reconnection", rows+`.includes("after-reconnect")`)
+	pg.waitJS(15*time.Second, "the keyboard again", `document.querySelector("#console-status").innerText.includes("keyboard")`)
+	dials, probes = f.snapshot()
+	if len(dials) != 6 || !slices.Equal(probes, []int{1, 3, 4, 5}) {
+		t.Fatalf("the reconnection: %d handshakes, probes after handshakes %v; want 6 and [1 3 4 5]", len(dials), probes)
+	}
+	for i := 2; i < 6; i++ {
+		if q := dials[i].query; q.Get("from") != "113" || q.Get("session") != "s1" || q.Get("meta") != "1" || q.Has("replay") {
+			t.Errorf("reconnection, handshake %d: query %v, want from=113&session=s1&meta=1 without replay", i+1, q)
+		}
+	}
+	// The waits grow: at least 400 ms (500 ms less its jitter) before the
+	// second retry, 800 ms before the third (lower bounds: a loaded
+	// machine only adds to them).
+	if d := dials[3].at.Sub(dials[2].at); d < 400*time.Millisecond {
+		t.Errorf("the second retry came %v after the first, want ≥ 400 ms", d)
+	}
+	if d := dials[4].at.Sub(dials[3].at); d < 800*time.Millisecond {
+		t.Errorf("the third retry came %v after the second, want ≥ 800 ms", d)
+	}
+	st := statuses()
+	if !slices.ContainsFunc(st, func(s string) bool { return strings.Contains(s, "reconnecting") && strings.Contains(s, "(attempt 4)") }) ||
+		slices.ContainsFunc(st, func(s string) bool { return strings.Contains(s, "console ended") }) {
+		t.Errorf("statuses while reconnecting, want one reconnecting at attempt 4 and no end:\n%s", strings.Join(st, "\n"))
+	}
+	got, err := evalIn[string](pg, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(got, "fake-banner") != 1 || strings.Contains(got, "console ended") || strings.Contains(got, "missed") {
+		t.Errorf("the terminal after the reconnection (the banner once, no end, nothing missed):\n%s", got)
+	}
+
+	// The connection breaks (no close frame: 1006 after the open); the
+	// reconnection is refused and the node is gone (404): definite, the
+	// page stops trying.
+	c.CloseNow()
+	pg.waitJS(30*time.Second, "the console ended: no such node", `document.querySelector("#console-status").innerText.includes("console ended") && document.querySelector("#console-status").innerText.includes("no such node")`)
+	// Not a synchronisation: an observation window longer than the
+	// first two retries' delays, in which no further attempt may come.
+	time.Sleep(1500 * time.Millisecond)
+	dials, probes = f.snapshot()
+	if len(dials) != 7 || !slices.Equal(probes, []int{1, 3, 4, 5, 7}) {
+		t.Errorf("after the 404: %d handshakes, probes after handshakes %v; want 7 and [1 3 4 5 7] (the page gave up at once)", len(dials), probes)
+	}
+	if q := dials[6].query; q.Get("from") != "130" || q.Get("session") != "s1" {
+		t.Errorf("the reconnection after the break: query %v, want from=130 (113 and the 17 bytes shown since)", q)
+	}
+
+	// Reconnect by hand: a fresh open (history, no offset), refused, and
+	// the token is refused (401): the page logs out.
+	pg.do("reconnect", chromedp.Click(chromedp.CSS("#console-reconnect")))
+	pg.waitJS(30*time.Second, "the login after the token was refused", `!document.querySelector("#login").hidden && document.querySelector("#login-error").innerText.includes("401")`)
+	if s, _ := evalIn[string](pg, `sessionStorage.getItem("obmesh.token")||""`); s != "" {
+		t.Error("the token is still kept after the API refused it")
+	}
+	dials, probes = f.snapshot()
+	if len(dials) != 8 || !slices.Equal(probes, []int{1, 3, 4, 5, 7, 8}) {
+		t.Errorf("after the 401: %d handshakes, probes after handshakes %v; want 8 and [1 3 4 5 7 8]", len(dials), probes)
+	} else if q := dials[7].query; q.Get("replay") != "1" || q.Has("from") {
+		t.Errorf("Reconnect: query %v, want a fresh open with replay=1", q)
+	}
+	for i, d := range dials {
+		if !d.authed {
+			t.Errorf("handshake %d came without the token as its subprotocol", i+1)
+		}
+	}
+	pg.checkNoProblems()
 }

@@ -387,6 +387,7 @@ function startConsole(node) {
     status: (s) => { $('console-status').textContent = s; },
     replay: $('console-replay').checked,
     readOnly: $('console-ro').checked,
+    unauthorized: () => failed(new UnauthorizedError('unauthorized')),
   });
 }
 

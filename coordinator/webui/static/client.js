@@ -26,10 +26,13 @@ export class APIError extends Error {
 }
 
 // api calls the native API on this origin and returns the decoded JSON
-// (null for 204). Errors throw UnauthorizedError (401) or APIError.
-export async function api(method, path, body, headers = {}, tok = token()) {
+// (null for 204). Errors throw UnauthorizedError (401) or APIError (status
+// 0, code 'network' when no answer came). timeout (ms), when given, bounds
+// the request.
+export async function api(method, path, body, headers = {}, tok = token(), { timeout } = {}) {
   const h = { Accept: 'application/json', Authorization: `Bearer ${tok}`, ...headers };
   const init = { method, headers: h, credentials: 'omit', cache: 'no-store', redirect: 'error' };
+  if (timeout) init.signal = AbortSignal.timeout(timeout);
   if (body !== undefined) {
     h['Content-Type'] = 'application/json';
     init.body = JSON.stringify(body);
