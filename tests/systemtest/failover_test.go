@@ -438,6 +438,9 @@ func (r *rig) check(t *testing.T) {
 					}
 					t.Log(line)
 				}
+				// Every process's account of this node's power actions:
+				// the extra change is among the agents' lines.
+				r.grepLogs(t, "node="+n.name+" action=power_o")
 				for _, k := range n.keys {
 					if k.attempts > 1 || k.outcome != api.OutcomeOK || len(k.ids) > 1 {
 						t.Logf("key %s %s: ids %v outcome %s %s attempts %d", k.key[:8], k.action, k.ids, k.outcome, k.class, k.attempts)
