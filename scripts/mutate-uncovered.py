@@ -14,7 +14,15 @@ ROOT is the module tree the result was computed on (default: the current
 directory); mutate.sh passes the copy it took when gremlins started, so
 edits made meanwhile do not shift the lines. Prints one line per mutant
 and a summary; writes RESULT.uncovered.json.
+
+With MUTATE_RECHECK=1 it re-runs instead the mutants that LIVED (in
+gremlins' run and in the by-hand run of RESULT.uncovered.json) against the
+tests in ROOT now, and writes RESULT.recheck.json: how many of them the
+tests written since kill. The package's own source (its non-test .go
+files) must be the one gremlins mutated: mutate.sh records its checksum
+in RESULT.srcsum, and the recheck refuses to run when it differs.
 """
+import hashlib
 import json
 import os
 import shutil
@@ -43,19 +51,49 @@ def mutate(line, col, kind):
     return None
 
 
+def srcsum(root, pkg):
+    """SHA-256 of the package's own non-test Go files (not subpackages)."""
+    h = hashlib.sha256()
+    d = os.path.join(root, pkg)
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".go") and not name.endswith("_test.go") and os.path.isfile(os.path.join(d, name)):
+            h.update(name.encode() + b"\0" + open(os.path.join(d, name), "rb").read() + b"\0")
+    return h.hexdigest()
+
+
 def main():
+    if sys.argv[1] == "--srcsum":
+        print(srcsum(sys.argv[3] if len(sys.argv) > 3 else os.getcwd(), sys.argv[2].strip("./").rstrip("/")))
+        return
     result, pkg = sys.argv[1], sys.argv[2].strip("./").rstrip("/")
     root = sys.argv[3] if len(sys.argv) > 3 else os.getcwd()
     data = json.load(open(result))
+    recheck = os.environ.get("MUTATE_RECHECK") == "1"
+    want, suffix = "NOT COVERED", ".uncovered.json"
+    if recheck:
+        want, suffix = "LIVED", ".recheck.json"
+        recorded = open(result.replace(".json", ".srcsum")).read().strip()
+        if recorded != srcsum(root, pkg):
+            sys.exit("mutate-uncovered: %s's source changed since gremlins ran; run gremlins again" % pkg)
+        # the by-hand survivors are rechecked too: mark them LIVED in a copy
+        try:
+            u = json.load(open(result.replace(".json", ".uncovered.json")))
+            byhand = {x["mutant"] for x in u["mutants"] if x["status"] == "LIVED"}
+        except OSError:
+            byhand = set()
+        for f in data["files"]:
+            for m in f["mutations"]:
+                if m["status"] == "NOT COVERED" and "%s:%d:%d %s" % (f["file_name"], m["line"], m["column"], m["type"]) in byhand:
+                    m["status"] = "LIVED"
     work = tempfile.mkdtemp(prefix="mutate-uncovered-")
     dst = os.path.join(work, "m")
     shutil.copytree(root, dst, ignore=shutil.ignore_patterns(".git", "bin"))
     env = dict(os.environ, GOFLAGS=(os.environ.get("GOFLAGS", "") + " -short").strip())
-    out, killed, lived, skipped = [], 0, 0, 0
+    out, killed, lived, skipped, notviable = [], 0, 0, 0, 0
     try:
         for f in data["files"]:
             for m in f["mutations"]:
-                if m["status"] != "NOT COVERED":
+                if m["status"] != want:
                     continue
                 path = os.path.join(dst, pkg, f["file_name"])
                 src = open(path).read().split("\n")
@@ -74,19 +112,26 @@ def main():
                     r = subprocess.run(["go", "test", "-count=1", "-failfast", "-timeout", "120s", "./" + pkg],
                                        cwd=dst, env=env, capture_output=True, text=True, timeout=180)
                     status = "LIVED" if r.returncode == 0 else "KILLED"
+                    if r.returncode != 0 and "[build failed]" in r.stdout + r.stderr:
+                        # the replacement does not compile (a + on strings): no mutant
+                        status = "NOT VIABLE"
                 except subprocess.TimeoutExpired:
                     status = "TIMED OUT"
                 src[m["line"] - 1] = orig
                 open(path, "w").write("\n".join(src))
                 killed += status == "KILLED"
                 lived += status == "LIVED"
+                notviable += status == "NOT VIABLE"
                 out.append({"mutant": where, "status": status})
                 print("%9s %s" % (status, where), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    json.dump({"killed": killed, "lived": lived, "not_applied": skipped, "mutants": out},
-              open(result.replace(".json", ".uncovered.json"), "w"), indent=1)
-    print("not covered by gremlins' measure: %d killed, %d lived, %d not applied" % (killed, lived, skipped))
+    json.dump({"killed": killed, "lived": lived, "not_applied": skipped, "not_viable": notviable, "mutants": out},
+              open(result.replace(".json", suffix), "w"), indent=1)
+    if recheck:
+        print("survivors re-run against the current tests: %d killed, %d lived, %d not applied" % (killed, lived, skipped))
+    else:
+        print("not covered by gremlins' measure: %d killed, %d lived, %d not applied, %d not viable (do not compile)" % (killed, lived, skipped, notviable))
 
 
 if __name__ == "__main__":
