@@ -271,6 +271,29 @@ func (a *Agent) receive(id string) bool {
 	return true
 }
 
+// repeated reports whether an operation id is running here or its BMC
+// action already began here: a new leader, or a forwarding member retrying
+// after a leader loss, may send an operation again that this agent got
+// from the old leader. It never runs twice: the first run's result answers
+// (re-sent now if it still waits in the outbox, else sent when it ends).
+func (a *Agent) repeated(id string) bool {
+	a.opsMu.Lock()
+	_, running := a.inflight[id]
+	began := a.began[id]
+	a.opsMu.Unlock()
+	if !running && !began {
+		return false
+	}
+	a.outMu.Lock()
+	m := a.outbox[id]
+	a.outMu.Unlock()
+	a.logger.Warn("operation received again: not running it twice", "op", id, "running", running, "result_waiting", m != nil)
+	if m != nil {
+		a.deliver(m)
+	}
+	return true
+}
+
 // begin notes (in the journal, before any BMC I/O) that an operation's
 // BMC action begins: from then on its fate is known only from its result.
 func (a *Agent) begin(id string) error {
@@ -668,6 +691,9 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 		switch {
 		case m.GetOperation() != nil:
 			op := m.GetOperation()
+			if a.repeated(op.Id) {
+				continue
+			}
 			if !a.receive(op.Id) {
 				a.logger.Warn("refusing an operation this agent reported as never run", "op", op.Id)
 				a.deliver(result(op.Id, time.Now(), 0, sdk.Errorf(classNotStarted, "operation refused: this agent already told a coordinator it never began it"), nil))
