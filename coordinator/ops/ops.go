@@ -279,6 +279,16 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		return api.Receipt{}, nil, fmt.Errorf("node %q: %w", req.Node, ErrNodeNotFound)
 	}
 	key := r.scopedKey(req)
+	if req.ID != "" || key != "" {
+		// A given id or key may be a retry of an operation a previous
+		// leader recorded: look for it only once this leader holds all it
+		// committed (else the retry runs a second time).
+		if c, ok := r.epoch.(interface{ CaughtUp(context.Context) error }); ok {
+			if err := c.CaughtUp(ctx); err != nil {
+				return api.Receipt{}, nil, err
+			}
+		}
+	}
 	if key != "" {
 		if id, ok := r.keyHolder(key); ok {
 			rec, cs, err := r.replay(ctx, id, req)

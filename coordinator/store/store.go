@@ -542,6 +542,18 @@ func (s *Store) VerifyLeader(ctx context.Context) error {
 	}
 }
 
+// CaughtUp returns once this leader has applied every entry its
+// predecessors committed (a barrier of its own term, issued once per term;
+// afterwards it costs a load). Before it, a leader elected a moment ago may
+// not hold the record of an operation the old leader sent, and would take
+// a retry of it for a new one.
+func (s *Store) CaughtUp(ctx context.Context) error {
+	if s.raft.State() != raft.Leader {
+		return s.notLeader()
+	}
+	return s.awaitTermCommitted(ctx)
+}
+
 // awaitTermCommitted makes sure this leader has committed an entry of its
 // own term before it serves a read. A leader elected a moment ago may not
 // know yet that its predecessor's last entries were committed (the old
