@@ -525,6 +525,23 @@ func TestConsole_LeaderKillDuringNativeConsole(t *testing.T) {
 	if !errors.As(err, &ae) || ae.StatusCode != http.StatusNotFound || ae.Code != api.CodeNotFound {
 		t.Fatalf("a console of an unknown node through a follower = %v, want 404 not_found", err)
 	}
+	// Members record their API addresses in the replicated state a moment
+	// after the group forms (slower on a loaded machine): the CLI can only
+	// learn what is recorded, so wait until every member is.
+	WaitFor(t, 60*time.Second, "every member's API address to be recorded", func() bool {
+		pctx, pcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer pcancel()
+		peers, err := g.Client(leader).Peers(pctx)
+		if err != nil || len(peers) != 3 {
+			return false
+		}
+		for _, p := range peers {
+			if p.APIAddr == "" {
+				return false
+			}
+		}
+		return true
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd := commandContext(ctx, bin, "console", "lk", "-ro", "-addr", leader.HTTPAddr, "-token", g.Token)
