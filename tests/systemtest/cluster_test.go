@@ -152,7 +152,7 @@ func TestGroup_FormServeFailover(t *testing.T) {
 		}()
 		// Idle agents are picked lowest id first: a1 has it. Kill it once
 		// the leader has sent it the operation (it runs 5s there).
-		waitLogged(t, l.Proc, "operation sent to agent", "node=slow", "agent=a1")
+		waitLogged(t, l.Proc, "operation sent to agent", "action=power_on", "node=slow", "agent=a1")
 		a1 := g.Agents[0]
 		a1.Cmd.Process.Kill()
 		res := within(t, done, 60*time.Second, "the operation whose agent was killed")

@@ -94,6 +94,15 @@ func runOp(ctx context.Context, env Env, c *api.Client, f *clientFlags, node, ac
 		err error
 	}
 	done := make(chan result, 1)
+	if err := ctx.Err(); err != nil {
+		// Interrupted or out of time before anything was sent: say so,
+		// rather than race the request out and then report it unnamed.
+		why := classInterrupted
+		if errors.Is(err, context.DeadlineExceeded) {
+			why = classTimeout
+		}
+		return api.Receipt{}, &gaveUp{node: node, action: action, why: why, after: f.timeout.String()}
+	}
 	oc := c.With(opts)
 	go func() {
 		rec, err := call(reqCtx, oc)
