@@ -306,6 +306,13 @@ func (f *clientFlags) client() (*api.Client, error) {
 // leave behind.
 func apiCommand(name, synopsis, argsUsage string, nargs int, extra func(fs *flag.FlagSet),
 	fn func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error) *Command {
+	return clientCommand(name, synopsis, argsUsage, nargs, extra, fn, true)
+}
+
+// clientCommand is apiCommand; withDeadline false leaves the command's
+// context without the overall -timeout deadline (followCommand).
+func clientCommand(name, synopsis, argsUsage string, nargs int, extra func(fs *flag.FlagSet),
+	fn func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error, withDeadline bool) *Command {
 	return &Command{Name: name, Synopsis: synopsis, Run: func(ctx context.Context, env Env, args []string) int {
 		fs := NewFlagSet(env, strings.TrimSpace(argsUsage+" [flags]"), synopsis)
 		var f clientFlags
@@ -322,8 +329,7 @@ func apiCommand(name, synopsis, argsUsage string, nargs int, extra func(fs *flag
 			if want == "" {
 				want = "no arguments"
 			}
-			Usagef(env, "want %s, got %d argument(s)", want, len(pos))
-			return 2
+			return Usagef(env, "want %s, got %d argument(s)", want, len(pos))
 		}
 		if err := checkPositional(pos); err != nil { // bound.go
 			return Usagef(env, "%s", err)
@@ -335,9 +341,12 @@ func apiCommand(name, synopsis, argsUsage string, nargs int, extra func(fs *flag
 		if err != nil {
 			return Usagef(env, "%s", err)
 		}
-		f.deadline = time.Now().Add(f.timeout)
-		ctx, cancel := context.WithDeadline(ctx, f.deadline)
-		defer cancel()
+		if withDeadline {
+			f.deadline = time.Now().Add(f.timeout)
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, f.deadline)
+			defer cancel()
+		}
 		if err := fn(ctx, env, c, &f, pos); err != nil {
 			return reportError(env, f.output, err)
 		}

@@ -629,37 +629,5 @@ func checkJobID(id string) error {
 // each API call (call), so following a long job is not cut short.
 func followCommand(name, synopsis, argsUsage string, nargs int, extra func(fs *flag.FlagSet),
 	fn func(ctx context.Context, env Env, c *api.Client, f *clientFlags, args []string) error) *Command {
-	return &Command{Name: name, Synopsis: synopsis, Run: func(ctx context.Context, env Env, args []string) int {
-		fs := NewFlagSet(env, strings.TrimSpace(argsUsage+" [flags]"), synopsis)
-		var f clientFlags
-		f.register(fs, env)
-		if extra != nil {
-			extra(fs)
-		}
-		pos, code, ok := ParseFlags(fs, args)
-		if !ok {
-			return code
-		}
-		if nargs >= 0 && len(pos) != nargs {
-			want := argsUsage
-			if want == "" {
-				want = "no arguments"
-			}
-			return Usagef(env, "want %s, got %d argument(s)", want, len(pos))
-		}
-		if err := checkPositional(pos); err != nil {
-			return Usagef(env, "%s", err)
-		}
-		if err := f.checkOpTimeout(); err != nil {
-			return Usagef(env, "%s", err)
-		}
-		c, err := f.client()
-		if err != nil {
-			return Usagef(env, "%s", err)
-		}
-		if err := fn(ctx, env, c, &f, pos); err != nil {
-			return reportError(env, f.output, err)
-		}
-		return 0
-	}}
+	return clientCommand(name, synopsis, argsUsage, nargs, extra, fn, false)
 }
