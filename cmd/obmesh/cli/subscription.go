@@ -114,10 +114,7 @@ func subscriptionCommand() *Command {
 				return err
 			}
 			if f.output == "json" {
-				if subs == nil {
-					subs = []api.Subscription{}
-				}
-				printJSON(env.Stdout, subs)
+				printJSON(env.Stdout, listRows(subs))
 				return nil
 			}
 			sort.Slice(subs, func(i, j int) bool { return subs[i].ID < subs[j].ID })
@@ -203,6 +200,23 @@ func subscriptionCommand() *Command {
 		})
 	return &Command{Name: "subscription", Synopsis: "BMC event subscriptions: create, list, show, delete, verify, dead-letters, replay",
 		Subs: []*Command{create, list, show, del, verify, dead, replay}}
+}
+
+// subscriptionRow is one element of `subscription list -o json`: the
+// subscription as the API shows it, plus its state at the top level (the
+// same as status.state), so scripts read .state as the README promises.
+type subscriptionRow struct {
+	api.Subscription
+	State string `json:"state"`
+}
+
+// listRows makes list's JSON rows; never null, an empty array at least.
+func listRows(subs []api.Subscription) []subscriptionRow {
+	rows := make([]subscriptionRow, 0, len(subs))
+	for _, s := range subs {
+		rows = append(rows, subscriptionRow{Subscription: s, State: s.Status.State})
+	}
+	return rows
 }
 
 func printSubscription(env Env, f *clientFlags, s api.Subscription) {

@@ -97,6 +97,10 @@ func TestSubscriptionListJSONAndTerminalSafety(t *testing.T) {
 			t.Errorf("list -o json lacks %q", k)
 		}
 	}
+	// The README promises objects with id, node, destination and state.
+	if subs[0]["state"] != "active" {
+		t.Errorf("list -o json: state = %v, want the status's active at the top level", subs[0]["state"])
+	}
 	_, table, _ := runCLI(t, srv, "subscription", "list")
 	if strings.ContainsRune(table, 0x1b) || !strings.Contains(table, `evil\u001b[2J`) {
 		t.Fatalf("a server-provided escape sequence reached the terminal: %q", table)
