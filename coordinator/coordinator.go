@@ -162,6 +162,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		leadership{st, members}, s.logger)
 	runner = ops.New(ops.Config{DefaultTimeout: s.cfg.Operations.DefaultTimeout.D(), StartBy: s.cfg.Operations.StartBy.D(), Observe: cm.operation,
 		OnFinish: func(rec api.Receipt) { obs.OnOperation(rec) }}, st.State(), keys, svc, st, st, s.logger)
+	defer runner.Wait() // receipts recorded behind their answers, before the store closes
 	// Event subscriptions: the service the API calls, the relay traffic of
 	// the agent link, and the reconciler it runs while this member leads.
 	evs := events.New(events.Config{

@@ -34,6 +34,7 @@ func TestAPI_AgentDriverHealth(t *testing.T) {
 		PluginWarnings: []string{"/p/obmesh-plugin-x is not executable (mode -rw-r--r--): chmod +x it"},
 	}}}
 	runner := ops.New(ops.Config{}, st.State(), keys, ag, st, st, logging.Discard())
+	t.Cleanup(runner.Wait) // receipts recorded behind their answers, before the store closes
 	srv := New(Config{AdminToken: token}, st, runner, ag, ops.NewRegistry(st, keys, ""), fuzzMembers{}, logging.Discard())
 	req := httptest.NewRequest("GET", "/v1/agents", nil)
 	req.Header.Set("Authorization", "Bearer "+token)

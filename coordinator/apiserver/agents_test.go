@@ -41,6 +41,7 @@ func TestAPI_AgentHealth(t *testing.T) {
 		{ID: "a-lost", Healthy: false, LastContact: heard.Add(-time.Minute)},
 	}}
 	runner := ops.New(ops.Config{}, st.State(), keys, ag, st, st, logging.Discard())
+	t.Cleanup(runner.Wait) // receipts recorded behind their answers, before the store closes
 	srv := New(Config{AdminToken: token}, st, runner, ag, ops.NewRegistry(st, keys, ""), fuzzMembers{}, logging.Discard())
 	req := httptest.NewRequest("GET", "/v1/agents", nil)
 	req.Header.Set("Authorization", "Bearer "+token)

@@ -85,6 +85,7 @@ func newFixture(t *testing.T) *fixture {
 		return f.reply(op)
 	})
 	runner := ops.New(ops.Config{}, st.State(), keys, disp, st, st, logging.Discard())
+	t.Cleanup(runner.Wait) // receipts recorded behind their answers, before the store closes
 	f.api = New(Config{AdminToken: token}, st, runner, noAgents{}, ops.NewRegistry(st, keys, ""), nil, logging.Discard())
 	f.srv = httptest.NewServer(f.api)
 	t.Cleanup(f.srv.Close)

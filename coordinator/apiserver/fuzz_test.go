@@ -178,6 +178,7 @@ func newFuzzFixture(tb testing.TB, keys *seal.Keyring) *fuzzFixture {
 	st := &memStore{st: state.New()}
 	disp := fuzzAgents{failed: &fx.backendFailed}
 	runner := ops.New(ops.Config{}, st.State(), keys, disp, st, st, logging.Discard())
+	tb.Cleanup(runner.Wait) // receipts recorded behind their answers, before the store closes
 	reg := ops.NewRegistry(st, keys, "")
 	if _, err := reg.Register(context.Background(), api.NodeSpec{Name: "n1", Driver: "mock", Site: "default"}); err != nil {
 		tb.Fatal(err)

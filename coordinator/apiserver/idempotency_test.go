@@ -27,6 +27,7 @@ func TestAPI_IdempotencyKey(t *testing.T) {
 	}
 	disp := &deadlineAgents{fuzzAgents: fuzzAgents{failed: new(atomic.Bool)}}
 	runner := ops.New(ops.Config{}, st.State(), keys, disp, st, st, logging.Discard())
+	t.Cleanup(runner.Wait) // receipts recorded behind their answers, before the store closes
 	srv := New(Config{AdminToken: token}, st, runner, disp, reg, fuzzMembers{}, logging.Discard())
 	post := func(key string) (int, api.Receipt) {
 		req := httptest.NewRequest("POST", "/v1/nodes/n1/power", strings.NewReader(`{"action":"cycle"}`))

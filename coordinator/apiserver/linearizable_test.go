@@ -43,6 +43,7 @@ func TestAPI_ReadsAreLinearizableUnlessStale(t *testing.T) {
 	}
 	disp := fuzzAgents{failed: new(atomic.Bool)}
 	runner := ops.New(ops.Config{}, st.State(), keys, disp, st, st, logging.Discard())
+	t.Cleanup(runner.Wait) // receipts recorded behind their answers, before the store closes
 	srv := New(Config{AdminToken: token}, st, runner, disp, reg, fuzzMembers{}, logging.Discard())
 
 	get := func(path string) (int, api.ErrorBody, string) {

@@ -152,6 +152,12 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) error {
 		if (node != "" && rec.Node != node) || rec.StartedAt.Before(since) {
 			continue
 		}
+		if rec.Outcome == api.OutcomeUnknown {
+			// An outcome answered but not committed yet (ops.Runner.Receipt).
+			if mem, ok := s.ops.Receipt(rec.ID); ok && mem.Outcome != api.OutcomeUnknown {
+				rec = mem
+			}
+		}
 		if run, ok := s.running.get(rec.ID); ok && rec.Outcome == api.OutcomeUnknown {
 			rec.Outcome, rec.Phase, rec.Error = api.OutcomeRunning, run.Phase, ""
 			if rec.Agent == "" {

@@ -74,6 +74,7 @@ func newDoorFixture(t *testing.T) *doorFixture {
 	reg := ops.NewRegistry(base.st, keys, "s1")
 	reg.SetDoor(ops.Door{State: base.st.State(), Connected: f.connected.Connected, Disp: disp, Epoch: base.st, Timeout: 5 * time.Second})
 	runner := ops.New(ops.Config{}, base.st.State(), keys, disp, base.st, base.st, logging.Discard())
+	t.Cleanup(runner.Wait) // receipts recorded behind their answers, before the store closes
 	base.api = New(Config{AdminToken: token}, base.st, runner, noAgents{}, reg, nil, logging.Discard())
 	base.srv = httptest.NewServer(base.api)
 	t.Cleanup(base.srv.Close)

@@ -48,6 +48,7 @@ func TestAPI_TimeoutIsCapped(t *testing.T) {
 	}
 	disp := &deadlineAgents{fuzzAgents: fuzzAgents{failed: new(atomic.Bool)}}
 	runner := ops.New(ops.Config{}, st.State(), keys, disp, st, st, logging.Discard())
+	t.Cleanup(runner.Wait) // receipts recorded behind their answers, before the store closes
 	srv := New(Config{AdminToken: token}, st, runner, disp, reg, fuzzMembers{}, logging.Discard())
 	for _, tc := range []struct {
 		timeout string

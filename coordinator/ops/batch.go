@@ -13,9 +13,10 @@ import (
 // another batch is being committed waits, and every record that waited is
 // committed together in the next Raft entry (state.RecordOperations), so
 // k operations recording at once pay about one commit each instead of
-// queueing for k. A record is still committed before its caller goes on:
-// an operation's "unknown" record is in the replicated trail before the
-// operation is sent, and its final record before its receipt is answered.
+// queueing for k. A record is committed before its caller goes on: an
+// operation's "unknown" record is in the replicated trail before the
+// operation is sent (its final record's caller is the goroutine of
+// Runner.recordBehind, not the operation's).
 //
 // One batch at a time (measured: letting a second batch into Raft while
 // one commits splits the queue and loses to one entry per record). No

@@ -221,7 +221,7 @@ func TestRecordBatcher_GivenUpNotProposedAndFailuresReachAll(t *testing.T) {
 
 // With records batched, every operation that changes something is still
 // in the replicated trail as "unknown" before it is sent, and with its
-// outcome before its caller gets the receipt, also when operations record
+// outcome once recorded behind its answer, also when operations record
 // at the same time (an intent waiting behind another operation's commit).
 func TestRecordBatcher_ConcurrentOperationsRecordedBeforeSent(t *testing.T) {
 	rp := newReplicated(t)
@@ -246,16 +246,20 @@ func TestRecordBatcher_ConcurrentOperationsRecordedBeforeSent(t *testing.T) {
 	r := New(Config{}, rp, nil, d, epoch1{}, g, logging.Discard())
 	// The first operation's record is held until all the others have
 	// queued behind it.
-	results := make(chan error, 8)
+	type answer struct {
+		rec api.Receipt
+		err error
+	}
+	results := make(chan answer, 8)
 	go func() {
 		rec, err := r.Do(t.Context(), Request{Node: "c0", Action: ActPowerOn})
-		results <- finalCheck(rp, rec, err)
+		results <- answer{rec, err}
 	}()
 	nextApply(t, g)
 	for i := 1; i < 8; i++ {
 		go func() {
 			rec, err := r.Do(t.Context(), Request{Node: fmt.Sprintf("c%d", i), Action: ActPowerOff})
-			results <- finalCheck(rp, rec, err)
+			results <- answer{rec, err}
 		}()
 	}
 	waitQueued(t, r.batch, 7)
@@ -271,14 +275,19 @@ func TestRecordBatcher_ConcurrentOperationsRecordedBeforeSent(t *testing.T) {
 			}
 		}
 	}()
+	var answers []answer
 	for range 8 {
 		select {
-		case err := <-results:
-			if err != nil {
-				t.Error(err)
-			}
+		case a := <-results:
+			answers = append(answers, a)
 		case <-time.After(20 * time.Second):
 			t.Fatal("an operation did not finish")
+		}
+	}
+	r.Wait() // final records are committed behind the answers
+	for _, a := range answers {
+		if err := finalCheck(rp, a.rec, a.err); err != nil {
+			t.Error(err)
 		}
 	}
 	for len(g.entered) > 0 {

@@ -198,6 +198,13 @@ type Runner struct {
 	power powerMemory // the last power state seen per node (progress.go)
 
 	batch *recordBatcher // receipt records, group-committed (batch.go); nil: one entry each
+
+	behind    sync.WaitGroup      // final receipts recorded behind their answers (recordBehind)
+	behindIDs map[string]struct{} // their ids, until committed or failed (under mu)
+	// recordFirst records every final receipt before answering (two
+	// commits on an action's path, as before recordBehind): only for the
+	// side-by-side benchmark.
+	recordFirst bool
 }
 
 // New returns a Runner. Receipts of operations that change something are
@@ -220,7 +227,8 @@ func New(cfg Config, nodes Nodes, keys *seal.Keyring, disp Dispatcher, epoch Epo
 		cfg.SettleAfter = 15 * time.Second
 	}
 	r := &Runner{cfg: cfg, nodes: nodes, keys: keys, disp: disp, epoch: epoch, audit: audit,
-		logger: logger.With("component", "ops"), recent: map[string]api.Receipt{}, reserved: map[string]string{}, forgot: map[string]string{}}
+		logger: logger.With("component", "ops"), recent: map[string]api.Receipt{}, reserved: map[string]string{}, forgot: map[string]string{},
+		behindIDs: map[string]struct{}{}}
 	if audit != nil {
 		r.batch = newRecordBatcher(audit)
 	}
@@ -441,6 +449,13 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 		}
 	}
 	rec, err = finish(outcome, f)
+	if outcome != api.OutcomeUnknown && !r.recordFirst {
+		// A definite outcome is answered now and recorded behind the
+		// answer: the caller pays one commit (the record before sending),
+		// not two (recordBehind).
+		r.recordBehind(rec, res, recorded)
+		return rec, cs, err
+	}
 	// The agent keeps the result until it is recorded: a leader lost before
 	// the record gets it again, from the agent, under the next leader.
 	if r.record(rec) == nil || !recorded {
@@ -607,11 +622,10 @@ func (r *Runner) remember(rec api.Receipt) {
 }
 
 // record keeps the receipt of an operation that changed something in the
-// replicated audit trail before the caller sees it, so it can be looked up
-// on any member after a leader change. Reads (status, identity) and
-// consoles are not recorded (nil). The idempotency key, if any, was taken
-// by the record made before sending; a failure before that holds none, so
-// a retry runs.
+// replicated audit trail, so it can be looked up on any member after a
+// leader change. Reads (status, identity) and consoles are not recorded
+// (nil). The idempotency key, if any, was taken by the record made before
+// sending; a failure before that holds none, so a retry runs.
 func (r *Runner) record(rec api.Receipt) error {
 	if !changes(rec.Action) || r.audit == nil {
 		return nil
@@ -624,6 +638,46 @@ func (r *Runner) record(rec api.Receipt) error {
 	}
 	return err
 }
+
+// recordBehind records the final receipt of an operation whose caller is
+// answered without waiting for the commit, so an action pays one commit
+// on its path (its "unknown" record before it is sent) instead of two.
+// Nothing is lost by not waiting: this leader answers lookups and retries
+// of the id with the receipt it answered (Receipt reads memory over a
+// recorded "unknown"), and the agent is acknowledged only once the record
+// is committed, so a leader lost before that gets the result again from
+// the agent, under the next leader (RecordLate). Until then a stale read
+// on another member, or the next leader, answers "unknown", never a
+// different outcome. An operation that was not recorded before it was
+// sent (it never reached an agent) is acknowledged at once. Wait waits
+// for the records in flight.
+func (r *Runner) recordBehind(rec api.Receipt, res agentsvc.Result, recorded bool) {
+	if !recorded {
+		r.ack(res)
+	}
+	if !changes(rec.Action) || r.audit == nil {
+		return
+	}
+	r.mu.Lock()
+	r.behindIDs[rec.ID] = struct{}{}
+	r.mu.Unlock()
+	r.behind.Add(1)
+	go func() {
+		defer r.behind.Done()
+		err := r.record(rec)
+		r.mu.Lock()
+		delete(r.behindIDs, rec.ID)
+		r.mu.Unlock()
+		if err == nil && recorded {
+			r.ack(res)
+		}
+	}()
+}
+
+// Wait waits until the receipts recorded behind their answers are
+// committed or have failed (each is bounded by 5 s). The owner
+// of a Runner calls it before closing the store.
+func (r *Runner) Wait() { r.behind.Wait() }
 
 func (r *Runner) recordReceipt(ctx context.Context, rec api.Receipt, key string) error {
 	b, err := json.Marshal(rec)
@@ -700,6 +754,15 @@ func (r *Runner) takenLocked(id string) bool {
 // Results for operations that were not recorded, or whose receipt already
 // has an outcome, are only acknowledged.
 func (r *Runner) RecordLate(agent string, res *agentpb.OperationResult) {
+	r.mu.Lock()
+	_, behind := r.behindIDs[res.Id]
+	r.mu.Unlock()
+	if behind {
+		// Its final receipt is being recorded now (recordBehind), which
+		// acknowledges it once committed: a leader lost first gets the
+		// result again.
+		return
+	}
 	rec, ok := r.recorded(res.Id)
 	if !ok || rec.Outcome != api.OutcomeUnknown {
 		r.ack(agentsvc.Result{OperationResult: res, Agent: agent})
@@ -759,7 +822,8 @@ func (r *Runner) ResolveUnknown(agent string) {
 		rec, ok := r.recorded(id)
 		r.mu.Lock()
 		_, running := r.reserved[id]
-		skip := running || r.forgot[id] != ""
+		_, behind := r.behindIDs[id] // answered, its record committing
+		skip := running || behind || r.forgot[id] != ""
 		r.mu.Unlock()
 		if !ok || skip || rec.Agent == "" || (agent != "" && rec.Agent != agent) {
 			continue
@@ -1000,13 +1064,19 @@ func (r *Runner) recorded(id string) (api.Receipt, bool) {
 
 // Receipt returns a receipt by id: the recorded one from the replicated
 // audit trail (what every member answers), else a recent one from memory
-// (reads and consoles, on the leader that ran them).
+// (reads and consoles, on the leader that ran them). A recorded "unknown"
+// whose operation ended here with a definite outcome not committed yet
+// (recordBehind) is answered with that outcome, which its caller was told.
 func (r *Runner) Receipt(id string) (api.Receipt, bool) {
-	if rec, ok := r.recorded(id); ok {
+	rec, ok := r.recorded(id)
+	if ok && rec.Outcome != api.OutcomeUnknown {
 		return rec, true
 	}
 	r.mu.Lock()
-	rec, ok := r.recent[id]
+	mem, inMem := r.recent[id]
 	r.mu.Unlock()
+	if inMem && (!ok || mem.Outcome != api.OutcomeUnknown) {
+		return mem, true
+	}
 	return rec, ok
 }

@@ -142,6 +142,7 @@ func TestReceipts_RecordedBeforeSentNamingTheAgent(t *testing.T) {
 	if seenPending.Outcome != api.OutcomeUnknown || seenPending.Agent != "a1" {
 		t.Errorf("receipt while sent = %+v, want unknown naming a1", seenPending)
 	}
+	r.Wait()
 	if got, _ := r.Receipt(rec.ID); got.Outcome != api.OutcomeOK {
 		t.Errorf("recorded receipt = %+v", got)
 	}
@@ -161,6 +162,7 @@ func TestReceipts_NoAckWhenTheRecordFails(t *testing.T) {
 	}
 	r := New(Config{}, st, nil, d, epoch1{}, st, logging.Discard())
 	rec, _ := r.Do(context.Background(), Request{Node: "n1", Action: ActPowerOn})
+	r.Wait() // the final record failed behind the answer
 	if _, acks := d.count(); acks != 0 {
 		t.Fatalf("acknowledged a result that was not recorded (%+v)", rec)
 	}

@@ -130,6 +130,7 @@ func TestReceipts_RecordedBeforeSendingAndFinalAlways(t *testing.T) {
 			}}
 			r := New(Config{}, rp, nil, d, epoch1{}, rp, logging.Discard())
 			rec, err := r.Do(t.Context(), Request{Node: "n1", Action: ActPowerOn})
+			r.Wait() // the final record is committed behind the answer
 			if !recordedAtSend || atSend.Outcome != api.OutcomeUnknown || atSend.Node != "n1" || atSend.Action != ActPowerOn {
 				t.Fatalf("at send time the audit trail held %+v (%v), want an unknown receipt", atSend, recordedAtSend)
 			}
@@ -164,6 +165,7 @@ func TestReceipts_FinalRecordedAfterTheCallerLeft(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.Wait()
 	if final, ok := rp.recorded(t, rec.ID); !ok || final.Outcome != api.OutcomeOK {
 		t.Fatalf("after the caller left, the recorded receipt is %+v (%v), want ok", final, ok)
 	}
@@ -260,6 +262,7 @@ func TestRecordLate(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.RecordLate("a9", &agentpb.OperationResult{Id: rec.ID, ErrorClass: "unreachable"})
+		r.Wait()
 		if got, _ := rp.recorded(t, rec.ID); got.Outcome != api.OutcomeOK || got.Agent != "a1" {
 			t.Fatalf("a late result overwrote an ok receipt: %+v", got)
 		}
