@@ -265,6 +265,49 @@ func TestBoot_KeepsModeAndAllowedTargets(t *testing.T) {
 	}
 }
 
+// Bug 2, efi: without it a Legacy system stays Legacy (no mode is sent);
+// with it the mode becomes UEFI where the system has the property; where
+// the system lists its modes without UEFI, efi is unsupported and nothing
+// is sent. Before: every override without efi PATCHed Legacy.
+func TestBoot_EFIOnlyWhereSupported(t *testing.T) {
+	d := plugin(t)
+	modeSent := func(r *bmcsim.Redfish, n int) bool {
+		for _, op := range r.Ops()[n:] {
+			if strings.Contains(op.Action, "Mode=") {
+				return true
+			}
+		}
+		return false
+	}
+	r := sim(t, "public-rackmount1", bmcsim.RedfishQuirks{BootMode: "Legacy"}, 0)
+	sys := r.Systems()[0]
+	s := open(t, d, node(r)).(sdk.BootDeviceSetter)
+	n := len(r.Ops())
+	if err := s.SetBootDevice(ctx(t), sdk.BootPXE, sdk.BootOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if bt := r.Boot(sys); bt["BootSourceOverrideMode"] != "Legacy" || bt["BootSourceOverrideTarget"] != "Pxe" || modeSent(r, n) {
+		t.Errorf("boot pxe on a Legacy system: %v (BMC log %v), want Legacy kept and no mode sent", bt, r.Ops()[n:])
+	}
+	if err := s.SetBootDevice(ctx(t), sdk.BootDisk, sdk.BootOptions{EFI: true}); err != nil {
+		t.Fatal(err)
+	}
+	if bt := r.Boot(sys); bt["BootSourceOverrideMode"] != "UEFI" || bt["BootSourceOverrideTarget"] != "Hdd" {
+		t.Errorf("boot disk efi on a Legacy system: %v, want UEFI", bt)
+	}
+
+	r2 := sim(t, "public-rackmount1", bmcsim.RedfishQuirks{BootMode: "Legacy", BootModes: []string{"Legacy"}}, 0)
+	s2 := open(t, d, node(r2)).(sdk.BootDeviceSetter)
+	patches := count(r2, "PATCH", "")
+	err := s2.SetBootDevice(ctx(t), sdk.BootPXE, sdk.BootOptions{EFI: true})
+	if !errors.Is(err, sdk.ErrUnsupported) || !strings.Contains(err.Error(), "UEFI") || count(r2, "PATCH", "") != patches {
+		t.Errorf("efi where the system allows only Legacy: %v, %d PATCHes; want ErrUnsupported naming UEFI, nothing sent", err, count(r2, "PATCH", "")-patches)
+	}
+	if err := s2.SetBootDevice(ctx(t), sdk.BootPXE, sdk.BootOptions{}); err != nil {
+		t.Errorf("boot pxe without efi where only Legacy is allowed: %v", err)
+	}
+}
+
 // Bug 3: a 401, also wrapped by gofish ("failed to retrieve some items"),
 // is bmc_auth_failed, never unreachable. Before: both were unreachable.
 func TestErrors_UnauthorizedIsAuthThroughWrappers(t *testing.T) {

@@ -82,6 +82,13 @@ type RedfishQuirks struct {
 	// naming it is refused with 400 PropertyUnknown). Without it, every
 	// system has the property, "UEFI" where the mockup has none.
 	BootModeAbsent bool
+	// BootMode is every system's BootSourceOverrideMode at start ("UEFI"
+	// or "Legacy"; empty: the mockup's, UEFI where it has none).
+	// BootModes is its BootSourceOverrideMode@Redfish.AllowableValues,
+	// shown and enforced (400 PropertyValueNotInList for others). Both
+	// are ignored with BootModeAbsent.
+	BootMode  string
+	BootModes []string
 	// OneManager serves the mockup with one manager (its first) managing
 	// every system, as a multi-blade enclosure's BMC does (use it with
 	// the public-bladed mockup).
@@ -338,14 +345,31 @@ func asSlice(v any) []any { s, _ := v.([]any); return s }
 // at start, before serving.
 func (r *Redfish) applyQuirks() error {
 	q := r.cfg.Quirks
+	for _, m := range append([]string{q.BootMode}, q.BootModes...) {
+		if m != "" && m != "UEFI" && m != "Legacy" {
+			return fmt.Errorf("bmcsim: RedfishQuirks boot mode %q: want UEFI or Legacy", m)
+		}
+	}
 	used := map[string]bool{}
 	for _, id := range r.sortedSystems() {
 		s, doc := r.systems[id], r.docs[id]
 		if q.BootModeAbsent {
 			delete(s.boot, "BootSourceOverrideMode")
 			delete(s.boot, "BootSourceOverrideMode@Redfish.AllowableValues")
-		} else if _, ok := s.boot["BootSourceOverrideMode"]; !ok {
-			s.boot["BootSourceOverrideMode"] = "UEFI"
+		} else {
+			if _, ok := s.boot["BootSourceOverrideMode"]; !ok {
+				s.boot["BootSourceOverrideMode"] = "UEFI"
+			}
+			if q.BootMode != "" {
+				s.boot["BootSourceOverrideMode"] = q.BootMode
+			}
+			if q.BootModes != nil {
+				var vals []any
+				for _, m := range q.BootModes {
+					vals = append(vals, m)
+				}
+				s.boot["BootSourceOverrideMode@Redfish.AllowableValues"] = vals
+			}
 		}
 		actions, _ := doc["Actions"].(map[string]any)
 		reset, _ := actions["#ComputerSystem.Reset"].(map[string]any)

@@ -193,6 +193,33 @@ func TestRedfishQuirk_BootMode(t *testing.T) {
 	if code, _, _ := c.do("PATCH", sys, map[string]any{"Boot": map[string]string{"BootSourceOverrideTarget": "Hdd"}}, true); code != http.StatusBadRequest {
 		t.Errorf("a target outside BootTargets = %d, want 400", code)
 	}
+
+	// A Legacy system that allows only Legacy: shown, and UEFI refused.
+	r3 := startRF(t, "public-rackmount1", RedfishQuirks{BootMode: "Legacy", BootModes: []string{"Legacy"}}, 0)
+	c3, sys3 := raw(t, r3), r3.Systems()[0]
+	_, doc, _ := c3.do("GET", sys3, nil, true)
+	boot, _ := doc["Boot"].(map[string]any)
+	if boot["BootSourceOverrideMode"] != "Legacy" || !slices.Equal(asSlice(boot["BootSourceOverrideMode@Redfish.AllowableValues"]), []any{"Legacy"}) {
+		t.Errorf("Boot = %v, want mode Legacy, allowing Legacy only", boot)
+	}
+	if code, _, _ := c3.do("PATCH", sys3, map[string]any{"Boot": map[string]string{"BootSourceOverrideMode": "UEFI"}}, true); code != http.StatusBadRequest ||
+		r3.Boot(sys3)["BootSourceOverrideMode"] != "Legacy" {
+		t.Errorf("PATCH of a mode outside BootModes = %d, mode %v; want 400, Legacy kept", code, r3.Boot(sys3)["BootSourceOverrideMode"])
+	}
+	r4 := startRF(t, "public-rackmount1", RedfishQuirks{BootMode: "Legacy"}, 0)
+	c4, sys4 := raw(t, r4), r4.Systems()[0]
+	if code, _, _ := c4.do("PATCH", sys4, map[string]any{"Boot": map[string]string{"BootSourceOverrideMode": "UEFI"}}, true); code != http.StatusNoContent ||
+		r4.Boot(sys4)["BootSourceOverrideMode"] != "UEFI" {
+		t.Errorf("PATCH to UEFI without BootModes = %d, mode %v", code, r4.Boot(sys4)["BootSourceOverrideMode"])
+	}
+	dir, err := MockupDir("public-rackmount1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := StartRedfish(RedfishConfig{Mockup: dir, Quirks: RedfishQuirks{BootModes: []string{"BIOS"}}}); err == nil {
+		r.Close()
+		t.Errorf("a boot mode other than UEFI or Legacy was accepted")
+	}
 }
 
 func TestRedfishQuirk_OneManager(t *testing.T) {
