@@ -25,7 +25,7 @@ type PowerSyncConfig struct {
 	// Interval between two reads of a node (jittered ±10%); zero means 60s.
 	Interval config.Duration `toml:"interval"`
 	// Rate is the most power reads a second started per site, Burst how
-	// many at once; zero means 50 and 1 + rate/10. The site's agents split
+	// many at once; zero means powersync.DefaultRate (200) and 1 + rate/10. The site's agents split
 	// them (the leader tells each how many share the site).
 	Rate  float64 `toml:"rate"`
 	Burst int     `toml:"burst"`

@@ -56,11 +56,18 @@ type Settings struct {
 	// jittered by ±Jitter of it.
 	Interval time.Duration
 	// Rate is the most BMC reads per second this agent starts for the
-	// site; zero means 50. Burst is how many may start at once; zero
+	// site; zero means DefaultRate. Burst is how many may start at once; zero
 	// means 1 + Rate/10.
 	Rate  float64
 	Burst int
 }
+
+// DefaultRate is the default of Settings.Rate: 200 reads a second per
+// site holds the default 60 s interval for up to 12,000 nodes a site
+// (10,000 need 167 a second). A site whose nodes need more than its rate
+// is read less often than its interval, and each agent says so in its log
+// (see Syncer.Assign).
+const DefaultRate = 200
 
 // Config configures a Syncer.
 type Config struct {
@@ -91,7 +98,7 @@ func (c Config) withDefaults() Config {
 		c.Default.Interval = 60 * time.Second
 	}
 	if c.Default.Rate <= 0 {
-		c.Default.Rate = 50
+		c.Default.Rate = DefaultRate
 	}
 	if c.Jitter <= 0 {
 		c.Jitter = 0.1
@@ -207,7 +214,8 @@ type Syncer struct {
 	nodes   map[string]*node
 	queues  [2]nodeHeap // nodes waiting for their read: healthy, and those whose last contact failed
 	limits  map[string]*limiter
-	shares  map[string]int // agents sharing each site's nodes (SetShares)
+	shares  map[string]int  // agents sharing each site's nodes (SetShares)
+	behind  map[string]bool // sites whose rate cannot hold their interval (warned)
 	pending map[string]Observation
 	kick    chan struct{} // capacity 1: the schedule changed
 	ready   chan struct{} // capacity 1: pending has observations
@@ -218,14 +226,17 @@ type Syncer struct {
 // New returns a syncer with no nodes. It does no I/O.
 func New(cfg Config, run Runner, logger *slog.Logger) *Syncer {
 	return &Syncer{cfg: cfg.withDefaults(), run: run, logger: logger.With("component", "powersync"),
-		nodes: map[string]*node{}, limits: map[string]*limiter{}, pending: map[string]Observation{},
+		nodes: map[string]*node{}, limits: map[string]*limiter{}, pending: map[string]Observation{}, behind: map[string]bool{},
 		kick: make(chan struct{}, 1), ready: make(chan struct{}, 1)}
 }
 
 // Assign replaces the nodes to sync. A node kept (same name, key, driver,
 // address, user, password and options) keeps its schedule and health; a
 // new or changed one is first read at a random point of its interval, so
-// reads spread over it.
+// reads spread over it. When this agent's share of a site's nodes needs
+// more reads a second than its share of the site's rate (nodes / interval
+// > rate / agents), it logs a warning naming the interval the nodes will
+// actually get, once until that changes (here or in SetShares).
 func (s *Syncer) Assign(targets []Target) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -257,7 +268,41 @@ func (s *Syncer) Assign(targets []Target) {
 			delete(s.pending, name)
 		}
 	}
+	s.checkPaceLocked()
 	s.signal(s.kick)
+}
+
+// checkPaceLocked warns about each site whose nodes here cannot all be read
+// once per interval at this agent's share of the site's rate, and notes a
+// site that recovered (callers hold s.mu).
+func (s *Syncer) checkPaceLocked() {
+	count := map[string]int{}
+	for _, n := range s.nodes {
+		count[n.t.Site]++
+	}
+	for site := range s.behind {
+		if count[site] == 0 {
+			delete(s.behind, site)
+		}
+	}
+	for site, k := range count {
+		st := s.cfg.site(site)
+		agents := max(s.shares[site], 1)
+		rate := st.Rate / float64(agents)
+		need := float64(k) / st.Interval.Seconds()
+		switch {
+		case need > rate && !s.behind[site]:
+			s.behind[site] = true
+			every := time.Duration(float64(k) / rate * float64(time.Second)).Round(time.Second)
+			s.logger.Warn("power sync: the site's rate limit cannot hold its interval: each node will be read about every "+every.String()+
+				"; raise [power_sync] rate (for the site: [power_sync.sites.NAME] rate) to at least nodes/interval",
+				"site", site, "nodes", k, "agents_sharing_site", agents, "interval", st.Interval,
+				"rate_per_second", st.Rate, "needed_per_second", need*float64(agents))
+		case need <= rate && s.behind[site]:
+			delete(s.behind, site)
+			s.logger.Info("power sync: the site's rate limit holds its interval again", "site", site, "nodes", k, "interval", st.Interval, "rate_per_second", st.Rate)
+		}
+	}
 }
 
 func sameTarget(a, b Target) bool {
@@ -309,6 +354,7 @@ func (s *Syncer) SetShares(shares map[string]int) {
 		}
 	}
 	s.shares = shares
+	s.checkPaceLocked()
 }
 
 // limitFor is site's rate limiter (callers hold s.mu).

@@ -335,7 +335,8 @@ func jobSweep(b *testing.B, c *api.Client, n int) (wall, p50, p99 time.Duration,
 // 60 s interval with 10,000 nodes (OBMESH_BENCH_SCALE_NODES): a
 // coordinator and an agent as processes, the simulated fleet in this
 // process, the agent's rate limit raised so the interval holds (the
-// default, 50 reads a second per site, reads 10,000 nodes every 200 s).
+// default, 200 reads a second per site, holds 60 s up to 12,000 nodes;
+// 1.5 times what the interval needs leaves room for retries).
 // Once every node was read, it reports over a window
 // (OBMESH_BENCH_SYNC_WINDOW, default 60s) the CPU seconds per minute of
 // the agent, of its ipmi plugin process and of the coordinator, and the

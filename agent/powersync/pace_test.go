@@ -1,0 +1,128 @@
+package powersync
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// logRecords keeps the messages and attributes logged through it.
+type logRecords struct {
+	mu   sync.Mutex
+	recs []string
+}
+
+func (l *logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", r.Level, r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		return true
+	})
+	l.mu.Lock()
+	l.recs = append(l.recs, b.String())
+	l.mu.Unlock()
+	return nil
+}
+func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecords) WithGroup(string) slog.Handler      { return l }
+
+func (l *logRecords) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := l.recs
+	l.recs = nil
+	return out
+}
+
+func siteTargets(site string, n int) []Target {
+	var names []string
+	for i := range n {
+		names = append(names, fmt.Sprintf("%s-%d", site, i))
+	}
+	ts := targets(names...)
+	for i := range ts {
+		ts[i].Site = site
+	}
+	return ts
+}
+
+// The default rate holds the default interval at issue 10's scale: 10,000
+// nodes of one site read every 60 s need 167 reads a second.
+func TestDefaults_RateHoldsTheIntervalForTenThousandNodesASite(t *testing.T) {
+	st := Config{}.withDefaults().site("any")
+	if st.Interval != 60*time.Second {
+		t.Fatalf("default interval %v, want 60s", st.Interval)
+	}
+	if need := 10000 / st.Interval.Seconds(); st.Rate < need {
+		t.Fatalf("default rate %v reads/s per site reads 10,000 nodes every %v, not every %v (needs %.0f/s)",
+			st.Rate, time.Duration(10000/st.Rate*float64(time.Second)), st.Interval, need)
+	}
+}
+
+// A site whose nodes need more reads a second than its rate allows (nodes
+// / interval > rate / agents sharing the site) is warned about once, with
+// the interval its nodes will actually get; a site that fits is not, and
+// one that fits again (fewer nodes, or fewer agents sharing it... here:
+// its share grows) is noted once.
+func TestAssign_WarnsWhenTheRateCannotHoldTheInterval(t *testing.T) {
+	logs := &logRecords{}
+	s := New(Config{Default: Settings{Interval: 10 * time.Second, Rate: 10},
+		Sites: map[string]Settings{"big": {Rate: 100}}}, newFake(), slog.New(logs))
+	warnings := func() []string {
+		var w []string
+		for _, r := range logs.take() {
+			if strings.HasPrefix(r, "WARN ") {
+				w = append(w, r)
+			}
+		}
+		return w
+	}
+
+	// 100 nodes at 10 s need 10 a second: exactly the rate, fine; "big"
+	// has 100 a second for 500 nodes (50 needed).
+	s.Assign(append(siteTargets("s", 100), siteTargets("big", 500)...))
+	if w := warnings(); len(w) != 0 {
+		t.Fatalf("warned with every site within its rate: %q", w)
+	}
+
+	// 150 nodes at 10 s need 15 a second: read every 15 s instead.
+	s.Assign(append(siteTargets("s", 150), siteTargets("big", 500)...))
+	w := warnings()
+	if len(w) != 1 || !strings.Contains(w[0], "site=s ") || !strings.Contains(w[0], "every 15s") || !strings.Contains(w[0], "nodes=150") {
+		t.Fatalf("150 nodes at 10 s under 10 reads/s: warnings %q, want one for site s saying every 15s", w)
+	}
+	// Once, not at every assignment.
+	s.Assign(append(siteTargets("s", 151), siteTargets("big", 500)...))
+	if w := warnings(); len(w) != 0 {
+		t.Fatalf("warned again: %q", w)
+	}
+
+	// Two agents share "big": this one gets 50 a second for its 500 nodes
+	// (50 needed): fine. Three: 33 a second, behind.
+	s.SetShares(map[string]int{"big": 2})
+	if w := warnings(); len(w) != 0 {
+		t.Fatalf("500 nodes at 10 s with half of 100 reads/s: warned %q", w)
+	}
+	s.SetShares(map[string]int{"big": 3})
+	w = warnings()
+	if len(w) != 1 || !strings.Contains(w[0], "site=big ") || !strings.Contains(w[0], "agents_sharing_site=3") {
+		t.Fatalf("500 nodes at 10 s with a third of 100 reads/s: warnings %q, want one for big", w)
+	}
+
+	// Site s shrinks back within its rate: noted, and a later excess is
+	// warned about again.
+	s.Assign(append(siteTargets("s", 50), siteTargets("big", 500)...))
+	if recs := logs.take(); len(recs) != 1 || !strings.HasPrefix(recs[0], "INFO ") || !strings.Contains(recs[0], "site=s ") {
+		t.Fatalf("site s back within its rate: logged %q, want one INFO for s", recs)
+	}
+	s.Assign(append(siteTargets("s", 200), siteTargets("big", 500)...))
+	if w := warnings(); len(w) != 1 || !strings.Contains(w[0], "site=s ") || !strings.Contains(w[0], "every 20s") {
+		t.Fatalf("site s over its rate again: warnings %q", w)
+	}
+}
