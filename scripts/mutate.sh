@@ -63,7 +63,7 @@ excludes() {
   case $1 in
     coordinator/store) echo '^rafttest/' ;;
     coordinator/cluster) echo '^clusterpb/' ;;
-    agent) echo '^pluginhost/ ^relay/' ;;
+    agent) echo '^pluginhost/ ^relay/ ^consoles/ ^powersync/' ;;
   esac
 }
 
