@@ -254,24 +254,29 @@ func TestWatch(t *testing.T) {
 	slow, cancelSlow := e.svc.Watch("", 1)
 	e.svc.OnRelayEvent("agent-1", &agentpb.RelayEvent{Id: "e1", Node: "n1", MessageId: "ResourceEvent.1.0.ResourceChanged", ReceivedUnixNano: 1})
 	e.svc.OnRelayEvent("agent-1", &agentpb.RelayEvent{Id: "e2", Node: "n2", Severity: "Critical", ReceivedUnixNano: 2})
-	if ev := <-all; ev.ID != "e1" || ev.Node != "n1" || ev.Agent != "agent-1" || ev.MessageID != "ResourceEvent.1.0.ResourceChanged" {
+	if ev := recvEvent(t, all); ev.ID != "e1" || ev.Node != "n1" || ev.Agent != "agent-1" || ev.MessageID != "ResourceEvent.1.0.ResourceChanged" {
 		t.Fatalf("%+v", ev)
 	}
-	if ev := <-all; ev.ID != "e2" {
+	if ev := recvEvent(t, all); ev.ID != "e2" {
 		t.Fatalf("%+v", ev)
 	}
-	if ev := <-n2; ev.ID != "e2" || ev.Severity != "Critical" {
+	if ev := recvEvent(t, n2); ev.ID != "e2" || ev.Severity != "Critical" {
 		t.Fatalf("node filter: %+v", ev)
 	}
 	if e.svc.WatchDropped() != 1 {
 		t.Fatalf("dropped %d, want 1 (the slow watcher's second event)", e.svc.WatchDropped())
 	}
-	if ev := <-slow; ev.ID != "e1" {
+	if ev := recvEvent(t, slow); ev.ID != "e1" {
 		t.Fatalf("%+v", ev)
 	}
 	cancelSlow()
 	cancelSlow()
-	if _, ok := <-slow; ok {
+	select {
+	case _, ok := <-slow:
+		if ok {
+			t.Fatal("channel open after cancel")
+		}
+	case <-time.After(5 * time.Second):
 		t.Fatal("channel open after cancel")
 	}
 	cancelN2()
@@ -290,7 +295,7 @@ func TestWatchEndsWhenLeadershipIsLost(t *testing.T) {
 	ch, cancel := e.svc.Watch("", 8)
 	defer cancel()
 	e.svc.OnRelayEvent("agent-1", &agentpb.RelayEvent{Id: "e1", Node: "n1"})
-	if ev := <-ch; ev.ID != "e1" {
+	if ev := recvEvent(t, ch); ev.ID != "e1" {
 		t.Fatalf("%+v", ev)
 	}
 	e.store.leader.Store(false)

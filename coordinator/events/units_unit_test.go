@@ -450,3 +450,18 @@ func TestCounters_SecondAgentAndUnixTimes(t *testing.T) {
 		t.Fatalf("unixPtr %v", p)
 	}
 }
+
+// recvEvent receives one event, failing the test after 5 seconds.
+func recvEvent(t *testing.T, ch <-chan api.Event) api.Event {
+	t.Helper()
+	select {
+	case ev, ok := <-ch:
+		if !ok {
+			t.Fatal("the watch channel closed")
+		}
+		return ev
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event within 5 s")
+	}
+	return api.Event{}
+}
