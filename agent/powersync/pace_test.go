@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/obmesh/obmesh/plugins/sdk"
 )
 
 // logRecords keeps the messages and attributes logged through it.
@@ -124,5 +126,61 @@ func TestAssign_WarnsWhenTheRateCannotHoldTheInterval(t *testing.T) {
 	s.Assign(append(siteTargets("s", 200), siteTargets("big", 500)...))
 	if w := warnings(); len(w) != 1 || !strings.Contains(w[0], "site=s ") || !strings.Contains(w[0], "every 20s") {
 		t.Fatalf("site s over its rate again: warnings %q", w)
+	}
+}
+
+// Quarantine begins with the read that makes a BMC unreachable: after the
+// UnreachableAfter-th consecutive failure the next read waits twice the
+// interval, then four times, doubling (QuarantineMax caps it); the
+// failures before it wait one interval. Reads are dispatched no earlier
+// than their due time, so each gap is a lower bound that load only
+// lengthens.
+func TestSyncer_BackoffStartsAtUnreachableAndDoubles(t *testing.T) {
+	const iv = 40 * time.Millisecond
+	f := newFake()
+	f.set(func(f *fakeBMCs) { f.fail["a"] = sdk.Errorf(sdk.ClassUnreachable, "no route") })
+	s := start(t, Config{Default: Settings{Interval: iv, Rate: 1000}, Jitter: 0.01, UnreachableAfter: 3}, f)
+	s.Assign(targets("a"))
+	deadline := time.Now().Add(20 * time.Second)
+	for len(f.readTimes("a")) < 6 {
+		if time.Now().After(deadline) {
+			t.Fatalf("6 reads not made within 20 s: %d", len(f.readTimes("a")))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	reads := f.readTimes("a")
+	// reads[2] is the third failure: unreachable from then on.
+	for i, mult := range map[int]time.Duration{3: 2, 4: 4, 5: 8} {
+		want := time.Duration(float64(mult*iv) * 0.98)
+		if gap := reads[i].Sub(reads[i-1]); gap < want {
+			t.Errorf("read %d came %v after read %d (failure %d, unreachable after 3): want at least %v (%d x the interval)",
+				i+1, gap.Round(time.Millisecond), i, i, want, mult)
+		}
+	}
+}
+
+// Health after each consecutive failure is exact: degraded before the
+// UnreachableAfter-th, unreachable from it on, with the count; a success
+// clears it.
+func TestNote_UnreachableExactlyAtTheNthConsecutiveFailure(t *testing.T) {
+	s := New(Config{UnreachableAfter: 3}, newFake(), slog.New(slog.DiscardHandler))
+	n := &node{t: targets("a")[0], index: -1}
+	fail := sdk.Errorf(sdk.ClassTimeout, "no answer")
+	for i, want := range []string{HealthDegraded, HealthDegraded, HealthUnreachable, HealthUnreachable} {
+		s.mu.Lock()
+		s.noteLocked(n, time.Now(), time.Millisecond, "", fail, "sync")
+		o := s.pending["a"]
+		s.mu.Unlock()
+		if o.Health != want || o.Failures != i+1 || o.ErrorClass != string(sdk.ClassTimeout) {
+			t.Fatalf("after %d consecutive failure(s): health %q, failures %d, class %q; want %q, %d, timeout", i+1, o.Health, o.Failures, o.ErrorClass, want, i+1)
+		}
+	}
+	s.mu.Lock()
+	s.noteLocked(n, time.Now(), time.Millisecond, "on", nil, "sync")
+	o := s.pending["a"]
+	s.mu.Unlock()
+	// The last five contacts hold four failures: intermittent, degraded.
+	if o.Failures != 0 || o.Health != HealthDegraded || o.Power != "on" {
+		t.Fatalf("a success after failures: %+v, want 0 failures, degraded (intermittent), on", o)
 	}
 }
