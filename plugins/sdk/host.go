@@ -24,7 +24,11 @@ const (
 
 // StartOptions configure Start.
 type StartOptions struct {
-	// Logger receives the plugin's log lines; nil discards them.
+	// Logger receives the plugin's log lines and go-plugin's; nil
+	// discards them. Warn and Error lines logged while the plugin starts
+	// are held until Start ends: a start that fails logs them at Debug
+	// (its StartError says what went wrong, once), one that succeeds at
+	// their level.
 	Logger hclog.Logger
 	// StartTimeout bounds the handshake and the first Info call; zero
 	// means 10s.
@@ -102,13 +106,14 @@ func Start(cmd *exec.Cmd, o StartOptions) (*Process, error) {
 		timeout = 10 * time.Second
 	}
 	tail := &stderrTail{next: o.Stderr}
+	startLogger := newStartLog(logger)
 	cfg := &plugin.ClientConfig{
 		HandshakeConfig:  Handshake,
 		Plugins:          plugin.PluginSet{pluginName: &grpcPlugin{}},
 		Cmd:              cmd,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		AutoMTLS:         true,
-		Logger:           logger,
+		Logger:           startLogger,
 		StartTimeout:     timeout,
 		Stderr:           tail,
 		Managed:          false,
@@ -122,6 +127,7 @@ func Start(cmd *exec.Cmd, o StartOptions) (*Process, error) {
 		}
 		early := c.Exited()
 		c.Kill() // waits for the process and go-plugin's goroutines
+		startLogger.end(false)
 		return nil, startError(cmd, timeout, tail, err, early)
 	}
 	rpc, err := c.Client()
@@ -142,6 +148,7 @@ func Start(cmd *exec.Cmd, o StartOptions) (*Process, error) {
 	if info.Name == "" {
 		return fail(&startStep{reason: "its Info has no Name (Info().Name must be the driver's name)"})
 	}
+	startLogger.end(true)
 	return &Process{client: c, cmd: cmd, tail: tail, Driver: d, Info: info}, nil
 }
 

@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	case "ok":
 		Serve(startTestDriver{name: "good"})
+	case "warn":
+		fmt.Fprintln(os.Stderr, "[WARN] acme: setting x is deprecated")
+		Serve(startTestDriver{name: "good"})
 	case "crash":
 		fmt.Fprintln(os.Stderr, "acme: reading /etc/acme.conf: no such file")
 		fmt.Fprintln(os.Stderr, "panic: no config")
