@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/obmesh/obmesh/coordinator/agentsvc"
+	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/internal/agentpb"
 )
 
@@ -85,7 +86,7 @@ func (r *Runner) Event(ctx context.Context, node string, req *agentpb.EventReque
 	}
 	n, ok := r.lookup(ctx, node)
 	if !ok {
-		return nil, "", fmt.Errorf("node %q: %w", node, ErrNodeNotFound)
+		return nil, "", fmt.Errorf("node %s: %w", api.Quote(node), ErrNodeNotFound)
 	}
 	var password string
 	if !n.Credential.IsZero() {

@@ -284,7 +284,7 @@ func (r *Runner) run(ctx context.Context, req Request) (api.Receipt, *agentsvc.C
 	}
 	n, ok := r.lookup(ctx, req.Node)
 	if !ok {
-		return api.Receipt{}, nil, fmt.Errorf("node %q: %w", req.Node, ErrNodeNotFound)
+		return api.Receipt{}, nil, fmt.Errorf("node %s: %w", api.Quote(req.Node), ErrNodeNotFound)
 	}
 	key := r.scopedKey(req)
 	if req.ID != "" || key != "" {

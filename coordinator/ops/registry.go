@@ -224,7 +224,7 @@ func (r *Registry) Update(ctx context.Context, name string, u api.NodeUpdate) (s
 		return state.Node{}, nil, err
 	}
 	if res.Node == nil {
-		return state.Node{}, nil, fmt.Errorf("node %q: %w", name, state.ErrNotFound)
+		return state.Node{}, nil, fmt.Errorf("node %s: %w", api.Quote(name), state.ErrNotFound)
 	}
 	return *res.Node, warnings, nil
 }

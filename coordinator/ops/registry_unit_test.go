@@ -11,6 +11,7 @@ import (
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/state"
 	"github.com/obmesh/obmesh/internal/agentpb"
+	"github.com/obmesh/obmesh/internal/logging"
 )
 
 // Unit tests of the Registry over the replicated state in memory
@@ -321,5 +322,25 @@ func TestRegistry_Update(t *testing.T) {
 	// A missing node.
 	if _, _, err := f.reg.Update(t.Context(), "nope", api.NodeUpdate{Address: str("x")}); !IsNotFound(err) {
 		t.Fatalf("Update(missing) = %v", err)
+	}
+}
+
+// An unknown node's name is echoed cut short and escaped: a caller's
+// 100 KB name does not make a 100 KB error, nor can it carry control or
+// bidi characters into a terminal or a log.
+func TestErrors_UnknownNodeNameEchoedBounded(t *testing.T) {
+	rp := newReplicated(t)
+	r := New(Config{}, rp, nil, answerDispatcher{answer: okAnswer}, epoch1{}, rp, logging.Discard())
+	long := strings.Repeat("x", 100_000) + "\u202e\x1b[31m"
+	_, err := r.Do(t.Context(), Request{Node: long, Action: ActPowerStatus})
+	if !errors.Is(err, ErrNodeNotFound) {
+		t.Fatalf("Do = %v", err)
+	}
+	if len(err.Error()) > 200 || strings.ContainsAny(err.Error(), "\u202e\x1b") {
+		t.Errorf("error echoes the name unbounded or unescaped (%d bytes): %.80q", len(err.Error()), err.Error())
+	}
+	_, err = r.Do(t.Context(), Request{Node: "\u202eevil", Action: ActPowerStatus})
+	if err == nil || strings.Contains(err.Error(), "\u202e") || !strings.Contains(err.Error(), `\u202e`) {
+		t.Errorf("a bidi override in a name is not escaped: %q", err)
 	}
 }
