@@ -356,5 +356,6 @@ func deadLetterPB(d relay.DeadLetter) *agentpb.DeadLetter {
 		Id: d.ID, EventId: d.EventID, FirstAttemptUnixNano: unixNano(d.FirstAttempt),
 		LastAttemptUnixNano: unixNano(d.LastAttempt), Attempts: int32(min(d.Attempts, math.MaxInt32)),
 		LastError: why, BodyBytes: int32(min(d.BodySize, math.MaxInt32)), ReceivedUnixNano: unixNano(d.QueuedAt),
+		MessageId: d.MessageID,
 	}
 }

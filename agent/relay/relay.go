@@ -332,6 +332,8 @@ type DeadLetter struct {
 	Reason       string
 	DeadAt       time.Time
 	BodySize     int
+	// MessageID is the event record's MessageId ("" when it has none).
+	MessageID string
 }
 
 // Quarantined is a payload the parser could not read (body truncated to

@@ -585,11 +585,37 @@ func (s *store) listDead(subID string) ([]DeadLetter, error) {
 				ID: deadID(e.Seq), EventID: e.EventID, Node: e.Node, QueuedAt: e.Queued,
 				FirstAttempt: e.First, LastAttempt: e.Last, Attempts: e.Attempts,
 				LastError: e.LastError, Reason: e.Reason, DeadAt: e.DeadAt, BodySize: e.Size,
+				MessageID: storedMessageID(tx, e.EventID),
 			})
 			return nil
 		})
 	})
 	return out, err
+}
+
+// maxDeadMessageID bounds the MessageId a dead letter shows.
+const maxDeadMessageID = 256
+
+// storedMessageID is the MessageId of a stored event's record ("" when the
+// event or its MessageId cannot be read, or it is not a short string).
+func storedMessageID(tx *bolt.Tx, eventID string) string {
+	v := tx.Bucket(bktEvents).Get([]byte(eventID))
+	if v == nil {
+		return ""
+	}
+	var ev storedEvent
+	if json.Unmarshal(v, &ev) != nil {
+		return ""
+	}
+	var rec map[string]json.RawMessage
+	if json.Unmarshal(ev.Body, &rec) != nil {
+		return ""
+	}
+	id := str(field(rec, "MessageId"))
+	if len(id) > maxDeadMessageID {
+		return ""
+	}
+	return id
 }
 
 // replay moves dead letters back to the pending list.
