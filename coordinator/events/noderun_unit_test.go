@@ -97,3 +97,150 @@ func TestNodeRun_RelayCreateWaitsForTheAckThenSettles(t *testing.T) {
 		t.Fatal("the verification time did not move")
 	}
 }
+
+// pushRequested reports (and clears) whether a relay configuration push
+// was asked for since the last call.
+func (s *stepper) pushRequested() bool {
+	select {
+	case <-s.svc.push.wake:
+		return true
+	default:
+		return false
+	}
+}
+
+// settledRelay makes node's relay subscription id active on the BMC.
+func (s *stepper) settledRelay(node string, ids ...string) {
+	s.t.Helper()
+	s.step(node, false)
+	s.ackAll()
+	if out := s.step(node, false); !out.settled {
+		s.t.Fatalf("not settled: %+v", out)
+	}
+	for _, id := range ids {
+		if sub := s.sub(id); sub.Status.State != state.SubActive {
+			s.t.Fatalf("subscription %s is %s", id, sub.Status.State)
+		}
+	}
+	s.pushRequested()
+}
+
+func TestNodeRun_PushOnlyWhenTheRelaysConfigurationChanges(t *testing.T) {
+	s := newStepper(t, testConfig())
+	s.node("n1", "redfish")
+	keep := s.create(relaySpec("n1"))
+	spec := relaySpec("n1")
+	spec.Destination = "https://hooks.example/other"
+	gone := s.create(spec)
+	s.settledRelay("n1", keep, gone)
+
+	// A resync changes nothing the relays hold: no push.
+	s.step("n1", false)
+	if s.pushRequested() {
+		t.Fatal("a resync with nothing changed asked for a relay configuration push")
+	}
+	// One of two relay subscribers deleted: it is removed at once (the
+	// other keeps the shared BMC subscription) and the relays are told.
+	if _, err := s.svc.Delete(context.Background(), gone); err != nil {
+		t.Fatal(err)
+	}
+	s.pushRequested()
+	out := s.step("n1", false)
+	if _, ok := s.store.State().Subscription(gone); ok {
+		t.Fatal("the deleted subscriber is still recorded")
+	}
+	if !s.pushRequested() {
+		t.Fatal("removing a relay subscriber asked for no push")
+	}
+	if !out.settled || out.failed {
+		t.Fatalf("outcome %+v", out)
+	}
+	if b, _ := s.bmcsub(keep); b.State != state.SubActive {
+		t.Fatalf("the shared subscription went %s", b.State)
+	}
+}
+
+func TestNodeRun_ADirectSubscriptionNeverCreatedGoesWithoutCallingTheBMC(t *testing.T) {
+	s := newStepper(t, testConfig())
+	bmc := s.node("n1", "redfish")
+	bmc.set(func(f *fakeBMC) { f.unreachable = true })
+	id := s.create(directSpec("n1", nil))
+	if out := s.step("n1", false); !out.failed {
+		t.Fatalf("an unreachable BMC: %+v, want failed", out)
+	}
+	b, ok := s.bmcsub(id)
+	if !ok || b.URI != "" || b.AttemptID != "" || b.ErrorClass != "unreachable" || b.ErrorCount != 1 || b.State != state.SubPending {
+		t.Fatalf("record %+v", b)
+	}
+	if _, err := s.svc.Delete(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	calls := len(bmc.log)
+	out := s.step("n1", false)
+	if out.failed || out.settled || out.retry != 0 || out.err != nil {
+		t.Fatalf("outcome %+v, want nothing left", out)
+	}
+	if len(bmc.log) != calls {
+		t.Fatalf("the BMC was called %v for a subscription it never had", bmc.log[calls:])
+	}
+	if _, ok := s.store.State().Subscription(id); ok {
+		t.Fatal("the subscription is still recorded")
+	}
+	if len(s.store.State().BMCSubs("n1")) != 0 || len(s.store.State().Tombstones("n1")) != 0 {
+		t.Fatal("a record or tombstone is left")
+	}
+}
+
+func TestNodeRun_AckTimeoutSaysNoAgentAndBacksOff(t *testing.T) {
+	cfg := testConfig()
+	cfg.RelayAckTimeout = 20 * time.Millisecond
+	s := newStepper(t, cfg)
+	bmc := s.node("n1", "redfish")
+	id := s.create(relaySpec("n1"))
+	s.agents.setDeaf("agent-1", true)
+	out := s.step("n1", false)
+	if out.failed || out.retry != 10*time.Millisecond {
+		t.Fatalf("first run: %+v, want a retry after half the timeout", out)
+	}
+	if !s.pushRequested() {
+		t.Fatal("no push asked for while waiting for the ack")
+	}
+	time.Sleep(25 * time.Millisecond)
+	out = s.step("n1", false)
+	if !out.failed {
+		t.Fatalf("past the timeout: %+v, want failed (backoff)", out)
+	}
+	b, _ := s.bmcsub(id)
+	if b.State != state.SubPending || b.ErrorClass != "no_agent" || b.ErrorCount != 1 {
+		t.Fatalf("record %+v", b)
+	}
+	if sub := s.sub(id); sub.Status.ErrorClass != "no_agent" || sub.Status.State != state.SubPending {
+		t.Fatalf("status %+v", sub.Status)
+	}
+	// The wait starts again: the next run retries without failing.
+	out = s.step("n1", false)
+	if out.failed || out.retry != 10*time.Millisecond {
+		t.Fatalf("the run after: %+v", out)
+	}
+	if bmc.count(ActSubscribe) != 0 {
+		t.Fatal("created without the ack")
+	}
+	// Still waiting: the node is in the ack wait list.
+	s.r.ackMu.Lock()
+	waiting := s.r.ackWait["n1"]
+	s.r.ackMu.Unlock()
+	if !waiting {
+		t.Fatal("the node is not woken by the next relay report")
+	}
+	s.agents.setDeaf("agent-1", false)
+	s.ackAll()
+	if out := s.step("n1", false); !out.settled {
+		t.Fatalf("after the ack: %+v", out)
+	}
+	s.r.ackMu.Lock()
+	waiting = s.r.ackWait["n1"]
+	s.r.ackMu.Unlock()
+	if waiting || !s.r.entry("n1").ackSince.IsZero() {
+		t.Fatal("the ack wait was not taken back")
+	}
+}
