@@ -244,3 +244,47 @@ func TestNodeRun_AckTimeoutSaysNoAgentAndBacksOff(t *testing.T) {
 		t.Fatal("the ack wait was not taken back")
 	}
 }
+
+func TestNodeRun_UnsupportedIsTerminalUntilForcedOrChanged(t *testing.T) {
+	s := newStepper(t, testConfig())
+	bmc := s.node("n1", "ipmi")
+	bmc.set(func(f *fakeBMC) { f.unsupported = true })
+	id := s.create(directSpec("n1", nil))
+	out := s.step("n1", false)
+	if out.failed || out.settled || out.retry != 0 || out.err != nil {
+		t.Fatalf("unsupported: %+v, want nothing to do", out)
+	}
+	b, _ := s.bmcsub(id)
+	if b.State != state.SubUnsupported || b.ErrorClass != "unsupported" || b.ErrorCount != 1 || b.AttemptID != "" {
+		t.Fatalf("record %+v", b)
+	}
+	if sub := s.sub(id); sub.Status.State != state.SubUnsupported || sub.Status.ErrorCount != 1 {
+		t.Fatalf("status %+v", sub.Status)
+	}
+	// Not retried: no call at all.
+	calls := len(bmc.log)
+	if out := s.step("n1", false); out.failed || out.settled || out.retry != 0 {
+		t.Fatalf("second run: %+v", out)
+	}
+	if len(bmc.log) != calls {
+		t.Fatalf("a terminal state was retried: %v", bmc.log[calls:])
+	}
+	// Forced (Verify): tried again and counted.
+	s.step("n1", true)
+	if len(bmc.log) == calls {
+		t.Fatal("a forced run did not call the BMC")
+	}
+	if b, _ := s.bmcsub(id); b.ErrorCount != 2 || b.State != state.SubUnsupported {
+		t.Fatalf("after a forced run %+v", b)
+	}
+	// The node changes (here its token: any change of the node record):
+	// its fingerprint differs, so the terminal state no longer holds.
+	s.store.must(t, state.SetNodeToken{Name: "n1", Salt: []byte("s"), Hash: []byte("h")})
+	bmc.set(func(f *fakeBMC) { f.unsupported = false })
+	if out := s.step("n1", false); !out.settled {
+		t.Fatalf("after the node changed: %+v", out)
+	}
+	if b, _ := s.bmcsub(id); b.State != state.SubActive || b.ErrorCount != 0 {
+		t.Fatalf("after the node changed %+v", b)
+	}
+}
