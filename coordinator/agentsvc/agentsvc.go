@@ -478,14 +478,28 @@ func (s *Service) healthy(c *conn, now time.Time) bool {
 	return !c.closed && now.Sub(c.lastContact) <= lostAfter*s.cfg.Heartbeat
 }
 
-// pick chooses a healthy agent serving site with driver: the one with the
-// fewest operations in flight.
-func (s *Service) pick(site, driver string) *conn {
+// HomeSlack is how many more operations in flight than the least loaded
+// candidate a node's home agent may have and still be picked for it.
+const HomeSlack = 4
+
+// pick chooses a healthy agent serving site with driver for node: the
+// node's home agent (Home over the candidates, the agent its power sync
+// runs on, so its operations and its sync share that agent's per-BMC queue
+// and sessions), unless it has more than HomeSlack operations in flight
+// beyond the least loaded candidate; then, of the candidates within
+// HomeSlack of the least loaded, the one highest in the node's hash order
+// (its next home). With no node, the least loaded (lowest id among
+// equals).
+func (s *Service) pick(site, driver, node string) *conn {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
-	var best *conn
-	bestLoad := 0
+	type cand struct {
+		c    *conn
+		load int
+	}
+	var cs []cand
+	minLoad := -1
 	for _, c := range s.conns {
 		if !slices.Contains(c.sites, site) || !c.offers(driver) || !s.healthy(c, now) {
 			continue
@@ -493,11 +507,62 @@ func (s *Service) pick(site, driver string) *conn {
 		c.mu.Lock()
 		load := len(c.pending)
 		c.mu.Unlock()
-		if best == nil || load < bestLoad || (load == bestLoad && c.id < best.id) {
-			best, bestLoad = c, load
+		cs = append(cs, cand{c, load})
+		if minLoad < 0 || load < minLoad {
+			minLoad = load
+		}
+	}
+	var best *conn
+	bestLoad, bestH := 0, uint64(0)
+	for _, x := range cs {
+		if node == "" {
+			if best == nil || x.load < bestLoad || (x.load == bestLoad && x.c.id < best.id) {
+				best, bestLoad = x.c, x.load
+			}
+			continue
+		}
+		if x.load > minLoad+HomeSlack {
+			continue
+		}
+		if h := homeHash(x.c.id, node); best == nil || h > bestH || (h == bestH && x.c.id < best.id) {
+			best, bestH = x.c, h
 		}
 	}
 	return best
+}
+
+// Home is a node's home agent among agents: the one with the highest
+// rendezvous hash of (agent, node). An agent that comes or goes moves only
+// the nodes it wins or held. The power sync (coordinator/observe) assigns
+// a node to its home agent, and pick sends its operations there.
+func Home(node string, agents []string) string {
+	best, bestH := "", uint64(0)
+	for _, id := range agents {
+		if h := homeHash(id, node); best == "" || h > bestH || (h == bestH && id < best) {
+			best, bestH = id, h
+		}
+	}
+	return best
+}
+
+// homeHash is FNV-1a of agent, NUL, node (without allocating), through
+// splitmix64's finalizer: FNV's high bits move little when only the last
+// bytes differ (node names like n1, n2), and the highest hash wins.
+func homeHash(agent, node string) uint64 {
+	h := uint64(14695981039346656037)
+	add := func(s string) {
+		for i := 0; i < len(s); i++ {
+			h ^= uint64(s[i])
+			h *= 1099511628211
+		}
+	}
+	add(agent)
+	add("\x00")
+	add(node)
+	z := h
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
 }
 
 // Result is what Dispatch returns.
@@ -594,7 +659,7 @@ func (s *Service) dispatch(ctx context.Context, site, driver string, op *agentpb
 		s.mu.Lock()
 		changed := s.changed
 		s.mu.Unlock()
-		if c = s.pick(site, driver); c != nil {
+		if c = s.pick(site, driver, op.GetNode().GetName()); c != nil {
 			break
 		}
 		select {

@@ -290,8 +290,8 @@ func TestQueryFate(t *testing.T) {
 	}
 }
 
-// pick: an agent of the site offering the driver, healthy, the least
-// loaded, the lowest id among equals.
+// pick, for no node in particular: an agent of the site offering the
+// driver, healthy, the least loaded, the lowest id among equals.
 func TestPick(t *testing.T) {
 	svc, _ := unitService(t, Config{Heartbeat: time.Second})
 	now := time.Now()
@@ -325,7 +325,7 @@ func TestPick(t *testing.T) {
 		svc.mu.Unlock()
 		for range 5 { // map order varies
 			got := ""
-			if c := svc.pick("s1", "mock"); c != nil {
+			if c := svc.pick("s1", "mock", ""); c != nil {
 				got = c.id
 			}
 			if got != tc.want {

@@ -43,17 +43,24 @@ func TestConnect_HelloIDMustMatchTheCertificate(t *testing.T) {
 	}
 }
 
-// Dispatch picks the healthy agent with the fewest operations in flight,
-// the lowest id among equals.
-func TestDispatch_LeastLoadedAgent(t *testing.T) {
+// Over a real link, Dispatch sends a node's operations to its home agent
+// (Home: the agent its power sync runs on) while that agent has at most
+// HomeSlack more operations in flight than the other; past that, to the
+// other (bounded load), and back home once it has drained.
+func TestDispatch_HomeAgentWithBoundedLoad(t *testing.T) {
 	l := newLink(t, Config{Heartbeat: 100 * time.Millisecond, AgentWait: time.Second})
-	a1, err := l.dial(l.agentCert("agent-1", "s1"), "agent-1", "s1")
-	if err != nil {
-		t.Fatal(err)
+	agents := map[string]*fakeAgent{}
+	for _, id := range []string{"agent-1", "agent-2"} {
+		a, err := l.dial(l.agentCert(id, "s1"), id, "s1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents[id] = a
 	}
-	a2, err := l.dial(l.agentCert("agent-2", "s1"), "agent-2", "s1")
-	if err != nil {
-		t.Fatal(err)
+	home := Home("n-s1", []string{"agent-1", "agent-2"})
+	other := "agent-1"
+	if home == other {
+		other = "agent-2"
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -69,66 +76,64 @@ func TestDispatch_LeastLoadedAgent(t *testing.T) {
 		}()
 		return ch
 	}
-	recv := func(a *fakeAgent, name string) string {
+	recv := func(name string) string {
 		t.Helper()
 		select {
-		case o := <-a.ops:
+		case o := <-agents[name].ops:
 			return o.Id
 		case <-time.After(10 * time.Second):
 			t.Fatalf("no operation reached %s", name)
 		}
 		return ""
 	}
-	wait := func(ch chan out) Result {
+	wait := func(ch chan out, want string) {
 		t.Helper()
 		select {
 		case o := <-ch:
 			if o.err != nil {
 				t.Fatal(o.err)
 			}
-			return o.res
+			if o.res.Agent != want {
+				t.Fatalf("ran on %s, want %s", o.res.Agent, want)
+			}
 		case <-time.After(10 * time.Second):
 			t.Fatal("Dispatch did not return")
 		}
-		return Result{}
 	}
-	// Both idle: the lowest id. agent-1 holds it.
-	first := dispatch("op-1")
-	if id := recv(a1, "agent-1"); id != "op-1" {
-		t.Fatalf("agent-1 got %s", id)
-	}
-	// agent-1 is busy: agent-2 gets the next ones.
-	for _, id := range []string{"op-2", "op-3"} {
-		ch := dispatch(id)
-		if got := recv(a2, "agent-2"); got != id {
-			t.Fatalf("agent-2 got %s, want %s", got, id)
+	// Home holds up to HomeSlack+1 while the other has none.
+	var held []chan out
+	var heldIDs []string
+	for i := range HomeSlack + 1 {
+		id := fmt.Sprintf("op-h%d", i)
+		held = append(held, dispatch(id))
+		if got := recv(home); got != id {
+			t.Fatalf("home %s got %s, want %s", home, got, id)
 		}
-		a2.result(id)
-		if res := wait(ch); res.Agent != "agent-2" {
-			t.Fatalf("%s ran on %s", id, res.Agent)
-		}
+		heldIDs = append(heldIDs, id)
 	}
-	// agent-1 has one in flight, agent-2 none: agent-2.
-	hold1 := dispatch("op-4")
-	if got := recv(a2, "agent-2"); got != "op-4" {
-		t.Fatalf("agent-2 got %s, want op-4", got)
+	// One more: home is HomeSlack+1 ahead, so the other agent.
+	ch := dispatch("op-spill")
+	if got := recv(other); got != "op-spill" {
+		t.Fatalf("%s got %s, want op-spill", other, got)
 	}
-	// One each: the tie goes to the lower id.
-	hold2 := dispatch("op-5")
-	if got := recv(a1, "agent-1"); got != "op-5" {
-		t.Fatalf("agent-1 got %s, want op-5", got)
+	agents[other].result("op-spill")
+	wait(ch, other)
+	// Home drains: the node's next operation goes home again.
+	for i, id := range heldIDs {
+		agents[home].result(id)
+		wait(held[i], home)
 	}
-	a1.result("op-1")
-	a1.result("op-5")
-	a2.result("op-4")
-	for _, ch := range []chan out{first, hold1, hold2} {
-		wait(ch)
+	ch = dispatch("op-back")
+	if got := recv(home); got != "op-back" {
+		t.Fatalf("home %s got %s after draining, want op-back", home, got)
 	}
+	agents[home].result("op-back")
+	wait(ch, home)
 }
 
-// Among equally loaded agents the lowest id is chosen, every time (not by
+// Among equally loaded agents a node's home is chosen, every time (not by
 // map order).
-func TestDispatch_TieGoesToTheLowestID(t *testing.T) {
+func TestDispatch_IdleAgentsTheNodesHomeEveryTime(t *testing.T) {
 	l := newLink(t, Config{Heartbeat: 100 * time.Millisecond, AgentWait: time.Second})
 	var agents []*fakeAgent
 	for _, id := range []string{"agent-c", "agent-a", "agent-b"} {
@@ -150,8 +155,8 @@ func TestDispatch_TieGoesToTheLowestID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Agent != "agent-a" {
-			t.Fatalf("dispatch %d with every agent idle went to %s, want agent-a", i, res.Agent)
+		if want := Home("n-s1", []string{"agent-a", "agent-b", "agent-c"}); res.Agent != want {
+			t.Fatalf("dispatch %d with every agent idle went to %s, want the node's home %s", i, res.Agent, want)
 		}
 	}
 }

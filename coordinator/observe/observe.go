@@ -281,16 +281,9 @@ func candidates(agents []agentsvc.AgentStatus, site, driver string) []string {
 	return out
 }
 
-// owner picks a node's agent by rendezvous hashing.
-func owner(node string, ids []string) string {
-	best, bestH := "", uint64(0)
-	for _, id := range ids {
-		if v := mix(fnvAdd(fnvAdd(fnvAdd(fnvOffset, id), "\x00"), node)); best == "" || v > bestH || (v == bestH && id < best) {
-			best, bestH = id, v
-		}
-	}
-	return best
-}
+// owner picks a node's agent by rendezvous hashing (agentsvc.Home: the
+// agent its operations are sent to, too).
+func owner(node string, ids []string) string { return agentsvc.Home(node, ids) }
 
 // fnvOffset and fnvAdd are FNV-1a over strings, without allocating.
 const fnvOffset uint64 = 14695981039346656037
@@ -301,14 +294,6 @@ func fnvAdd(h uint64, s string) uint64 {
 		h *= 1099511628211
 	}
 	return h
-}
-
-// mix is splitmix64's finalizer: FNV's high bits move little when only
-// the last bytes differ (node names like n1, n2), and the highest hash wins.
-func mix(z uint64) uint64 {
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
 }
 
 // owners maps every node that has an agent to sync it to that agent, its
