@@ -575,8 +575,8 @@ func TestEvents_Relay(t *testing.T) {
 				return err == nil && len(dls) == 3
 			})
 			for _, d := range dls {
-				if d.Agent != "a1" || d.ID == "" || !slices.Contains(upIDs, d.EventID) || d.LastError == "" {
-					t.Errorf("dead letter %+v; want one of the events (%v) from agent a1 with its last error", d, upIDs)
+				if d.Agent != "a1" || d.ID == "" || !slices.Contains(upIDs, d.EventID) || d.LastError == "" || !slices.Contains(msgs, d.MessageID) {
+					t.Errorf("dead letter %+v; want one of the events (%v, %v) from agent a1 with its last error", d, upIDs, msgs)
 				}
 			}
 			out, errOut, code := c.CLI("", "subscription", "dead-letters", down.ID, "-o", "json")
