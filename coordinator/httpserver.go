@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/obmesh/obmesh/coordinator/api"
@@ -68,7 +69,11 @@ func newHTTPServer(cfg HTTPConfig, ln net.Listener, h http.Handler, logger *slog
 //     that is lifted when the body has been read to its end, so a long
 //     operation after a quick body is not cut off, and a body that does
 //     not arrive in time fails the request and closes the connection;
-//   - bounds the body to maxRequestBody.
+//   - bounds the body to maxRequestBody;
+//   - once the handler has answered, if the answer closes the connection
+//     (a 401 does) and the body was not read to its end, ends the read at
+//     once, so the connection is closed rather than held until the body
+//     deadline while net/http drains a slow body nobody will use.
 //
 // A request without a body gets no read deadline: net/http is already
 // reading ahead on its connection to notice the client going away, and a
@@ -85,12 +90,34 @@ func publicRequests(h http.Handler, lim requestLimits) http.Handler {
 		rc := http.NewResponseController(w)
 		now := time.Now()
 		rc.SetWriteDeadline(now.Add(lim.write))
+		var body *deadlineBody
 		if r.Body != nil && r.Body != http.NoBody {
 			rc.SetReadDeadline(now.Add(lim.body))
-			r.Body = &deadlineBody{body: http.MaxBytesReader(w, r.Body, maxRequestBody), w: w, rc: rc}
+			body = &deadlineBody{body: http.MaxBytesReader(w, r.Body, maxRequestBody), w: w, rc: rc}
+			r.Body = body
 		}
 		h.ServeHTTP(w, r)
+		if body != nil && !body.done && closing(w) {
+			// The answer closes the connection (a 401, a refused body)
+			// and the body was not read to its end: net/http would still
+			// read up to 256 KiB of it, waiting the whole body deadline
+			// for a client that sends it slowly, before closing. Nothing
+			// will use it, so end the read now and let the connection go.
+			rc.SetReadDeadline(now)
+		}
 	})
+}
+
+// closing reports whether the answer written to w closes the connection.
+func closing(w http.ResponseWriter) bool {
+	for _, v := range w.Header().Values("Connection") {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "close") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // errBodyTimeout is the error a handler reads when a request body does not

@@ -57,13 +57,20 @@ type slowConn struct {
 
 // openSlow opens n slow connections from the loopback address from (a
 // distinct client for the server): slow headers (the request line and one
-// header, never the blank line) or a slow body (complete unauthenticated
-// headers announcing a body that never comes).
-func openSlow(t *testing.T, addr, from string, n int, body bool) []slowConn {
+// header, never the blank line) or a slow body (complete headers
+// announcing a body that never comes), with the bearer token when token is
+// set. An unauthenticated slow body is answered 401 and closed at once; an
+// authenticated one (a client holding the token, or one that stole it) is
+// held until the body deadline.
+func openSlow(t *testing.T, addr, from string, n int, body bool, token string) []slowConn {
 	t.Helper()
 	var partial string
 	if body {
-		partial = "POST /v1/nodes HTTP/1.1\r\nHost: obmesh\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"name\":"
+		auth := ""
+		if token != "" {
+			auth = "Authorization: Bearer " + token + "\r\n"
+		}
+		partial = "POST /v1/nodes HTTP/1.1\r\nHost: obmesh\r\nContent-Type: application/json\r\n" + auth + "Content-Length: 100000\r\n\r\n{\"name\":"
 	} else {
 		partial = "GET /v1/nodes HTTP/1.1\r\nHost: obmesh\r\n"
 	}
@@ -139,7 +146,7 @@ func TestSecurity_SlowConnectionFlood(t *testing.T) {
 
 	t.Run("one client cannot hold more than its share", func(t *testing.T) {
 		extra := 40
-		conns := openSlow(t, c.HTTPAddr, "127.0.0.99", floodPerClient+extra, true)
+		conns := openSlow(t, c.HTTPAddr, "127.0.0.99", floodPerClient+extra, true, c.Token)
 		// The connections over the client's limit are closed at once,
 		// long before any timeout; the others are held until the body
 		// timeout.
@@ -157,6 +164,31 @@ func TestSecurity_SlowConnectionFlood(t *testing.T) {
 		for _, sc := range conns {
 			sc.c.Close()
 		}
+		WaitFor(t, 10*time.Second, "the coordinator to release the client's connections", func() bool {
+			return openFDs(c.Coord.Cmd.Process.Pid) < 100
+		})
+	})
+
+	t.Run("unauthenticated slow bodies are refused and closed at once", func(t *testing.T) {
+		// Without the token a slow body gets its 401 at once, and the
+		// connection is closed then, not held until the body deadline
+		// while the server drains a body nobody will read: each of these
+		// would otherwise hold one of the client's slots (and of
+		// max_connections) for read_body_timeout.
+		conns := openSlow(t, c.HTTPAddr, "127.0.0.98", floodPerClient, true, "")
+		start := time.Now()
+		took := closedWithin(conns, floodBodyTimeout/2)
+		held := 0
+		for _, d := range took {
+			if d < 0 {
+				held++
+			}
+		}
+		if held > 0 {
+			t.Errorf("%d of %d unauthenticated slow-body connections were still open after %v, want all answered 401 and closed",
+				held, len(conns), floodBodyTimeout/2)
+		}
+		t.Logf("%d unauthenticated slow-body connections closed by the server within %v", len(conns)-held, time.Since(start).Round(time.Millisecond))
 		WaitFor(t, 10*time.Second, "the coordinator to release the client's connections", func() bool {
 			return openFDs(c.Coord.Cmd.Process.Pid) < 100
 		})
@@ -211,7 +243,7 @@ func flood(t *testing.T, c *Cluster, n, first int) *floodResult {
 		k := min(perAddr, n-i*perAddr)
 		from := fmt.Sprintf("127.0.%d.%d", first+i/250, 1+i%250)
 		wg.Go(func() {
-			cs := openSlow(t, c.HTTPAddr, from, k, i%2 == 1)
+			cs := openSlow(t, c.HTTPAddr, from, k, i%2 == 1, c.Token)
 			mu.Lock()
 			f.conns = append(f.conns, cs...)
 			mu.Unlock()
