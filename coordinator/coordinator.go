@@ -180,6 +180,8 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	obs = newObserve(st, svc, keys, runner, evs, s.logger)
 	cm.watchObserve(obs.Stats)
 	apiHandler.SetObserved(obs.View)
+	keeper := newConsoleKeeper(st, runner, s.logger) // consolekeeper.go
+	apiHandler.SetConsoleLog(keeper.view)
 	apiHandler.SetConsoleForwarder(cluster.NewForwarder(members)) // a follower tunnels console WebSockets to the leader
 
 	mux := http.NewServeMux()
@@ -300,7 +302,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		}
 	})
 	wg.Go(func() { evs.Run(wctx) })
-	wg.Go(func() { newConsoleKeeper(st, runner, s.logger).run(wctx) }) // consolekeeper.go
+	wg.Go(func() { keeper.run(wctx) })
 	wg.Go(func() { jobSvc.Run(wctx) })
 	wg.Go(func() { obs.Run(wctx) })
 	if monSrv != nil {

@@ -44,6 +44,10 @@ type Node struct {
 	Power *PowerReading `json:"power,omitempty"`
 	// Observed is the power sync's view of the node (observed.go).
 	Observed *Observed `json:"observed,omitempty"`
+	// ConsoleLog is how the leader's keeping of the node's console log
+	// stands, for a node whose option or label console-log is on
+	// (consolelog.go).
+	ConsoleLog *ConsoleLog `json:"console_log,omitempty"`
 	// Warnings are things a registration or update accepted but that will
 	// stop operations from working (no agent serves the node's site yet,
 	// its options could not be checked).

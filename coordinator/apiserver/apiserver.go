@@ -92,6 +92,8 @@ type Server struct {
 	events Events
 	// observedView shows nodes' observed state (observed.go); under evMu.
 	observedView func(state.Node) *api.Observed
+	// consoleLogView shows console logs' keeping (consolelog.go); under evMu.
+	consoleLogView func(state.Node) *api.ConsoleLog
 
 	running inflight // operations in flight, for their phase
 

@@ -193,6 +193,7 @@ func (s *Server) updateNode(w http.ResponseWriter, r *http.Request) error {
 // (newestPower, observed.go) to a node.
 func (s *Server) withPower(n api.Node) api.Node {
 	n.Observed = s.observed(n.Name)
+	n.ConsoleLog = s.consoleLogKeeping(n.Name) // consolelog.go
 	var op *api.PowerReading
 	if pm, ok := s.ops.(powerMemory); ok {
 		if p, ok := pm.LastPower(n.Name); ok {

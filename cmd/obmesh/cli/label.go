@@ -52,6 +52,9 @@ func nodeLabelCommand() *Command {
 				return nil
 			}
 			fmt.Fprintf(env.Stdout, "%s: %s\n", termText(n.Name), termText(formatLabels(n.Labels)))
+			if turnsConsoleLogOn(set) {
+				confirmConsoleLog(ctx, env, c, n) // consolelog_keep.go
+			}
 			return nil
 		})
 }

@@ -120,6 +120,9 @@ func nodeCommand() *Command {
 				return err
 			}
 			printWarnings(env, n.Warnings)
+			if f.output != "json" && turnsConsoleLogOn(up.Options) {
+				n = confirmConsoleLog(ctx, env, c, n) // consolelog_keep.go
+			}
 			printNode(env, f.output, n)
 			return nil
 		})
@@ -304,9 +307,10 @@ func printNode(env Env, output string, n api.Node, extra ...[]string) {
 		{"Username:", n.Username}, {"Password:", map[bool]string{true: "stored (sealed with key " + n.CredentialKeyID + ")", false: "none"}[n.HasPassword]},
 		{"Key:", n.Key}, {"Created:", n.CreatedAt.Format("2006-01-02 15:04:05Z07:00")},
 	}
-	rows = append(rows, powerRows(n)...)    // node_observed.go
-	rows = append(rows, observedRows(n)...) // node_observed.go
-	rows = append(rows, labelRows(n)...)    // label.go
+	rows = append(rows, powerRows(n)...)      // node_observed.go
+	rows = append(rows, observedRows(n)...)   // node_observed.go
+	rows = append(rows, labelRows(n)...)      // label.go
+	rows = append(rows, consoleLogRows(n)...) // consolelog_keep.go
 	keys := make([]string, 0, len(n.Options))
 	for k := range n.Options {
 		keys = append(keys, k)

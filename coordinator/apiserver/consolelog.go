@@ -1,0 +1,31 @@
+package apiserver
+
+import (
+	"github.com/obmesh/obmesh/coordinator/api"
+	"github.com/obmesh/obmesh/coordinator/state"
+)
+
+// SetConsoleLog sets how the keeping of a node's console log is shown in
+// node list, show and label (the coordinator's console keeper). Until it
+// is set nodes carry none.
+func (s *Server) SetConsoleLog(view func(state.Node) *api.ConsoleLog) {
+	s.evMu.Lock()
+	defer s.evMu.Unlock()
+	s.consoleLogView = view
+}
+
+// consoleLogKeeping is how keeping the named node's console log stands, nil when
+// it is not logged or no view is set.
+func (s *Server) consoleLogKeeping(name string) *api.ConsoleLog {
+	s.evMu.Lock()
+	view := s.consoleLogView
+	s.evMu.Unlock()
+	if view == nil {
+		return nil
+	}
+	n, ok := s.store.State().Node(name)
+	if !ok {
+		return nil
+	}
+	return view(n)
+}
