@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/obmesh/obmesh/agent"
 	"github.com/obmesh/obmesh/coordinator"
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/internal/config"
@@ -128,14 +129,7 @@ func TestEvents_SpecCases(t *testing.T) {
 		rf.PushEvent(bmcsim.RedfishEvent{MessageID: msg})
 		return hook.waitMessage(t, path, msg, 20*time.Second)
 	}
-	oneOurs := func(t *testing.T, rf *bmcsim.Redfish) bmcsim.SimSubscription {
-		t.Helper()
-		o := ourSubs(rf)
-		if len(o) != 1 {
-			t.Fatalf("the BMC holds %d obmesh subscriptions, want exactly 1: %+v", len(o), o)
-		}
-		return o[0]
-	}
+	oneOurs := oneOursOf
 
 	t.Run("cases", func(t *testing.T) {
 		// 1: the BMC makes the subscription but its answer is lost: the
@@ -537,4 +531,65 @@ func TestEvents_SpecCases(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestEvents_LeaderKilledMidCreate is case 3 through processes: three
+// coordinators, the leader killed (SIGKILL) while the BMC holds its answer
+// to the create (the subscription exists on the BMC, the leader has not
+// recorded it). The new leader finds the intent in the replicated state,
+// lists the BMC and adopts the member: one create in all, one
+// subscription on the BMC, and events reach the subscriber.
+func TestEvents_LeaderKilledMidCreate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	g := NewGroupWith(t, bin, 3, GroupOptions{Relay: true,
+		Coordinator: func(cc *coordinator.Config) {
+			cc.Events.AllowHTTPDestinations = true
+			cc.Events.ResyncInterval = config.Duration(2 * time.Second)
+		},
+		Agent: func(_ string, ac *agent.Config) { ac.Plugins.Builtin = []string{"mock", "redfish"} },
+	}, "a1")
+	leader := g.Leader(60 * time.Second)
+	g.WaitAgents(1)
+	rf := redfishBMC(t, bmcsim.RedfishEvents{CreateDelay: 10 * time.Second})
+	registerRedfish(t, g.Client(leader), "rf-mid", rf)
+	hook := newWebhook(t)
+	sub, err := g.Client(leader).CreateSubscription(context.Background(), api.SubscriptionSpec{Node: "rf-mid", Destination: hook.url("/mid"), Context: "mid-ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	WaitFor(t, 30*time.Second, "the BMC to receive the create", func() bool { return len(rf.CreateRequests()) == 1 })
+	if n := len(ourSubs(rf)); n != 1 {
+		t.Fatalf("the BMC holds %d obmesh subscriptions while it delays its answer, want 1", n)
+	}
+	if s, err := g.Client(leader).Subscription(context.Background(), sub.ID); err != nil || s.Status.State == api.SubscriptionActive {
+		t.Fatalf("before the kill: %+v, %v; want the create unanswered", s.Status, err)
+	}
+	g.Kill(leader)
+	next := g.Leader(60 * time.Second)
+	c := g.Client(next)
+	got := waitState(t, c, sub.ID, api.SubscriptionActive, 60*time.Second)
+	m := oneOursOf(t, rf)
+	if got.Status.SubscriptionID != m.URI {
+		t.Errorf("status.subscription_id %q, the BMC's member %q", got.Status.SubscriptionID, m.URI)
+	}
+	if n := len(rf.CreateRequests()); n != 1 {
+		t.Errorf("the BMC received %d creates, want 1: the new leader adopts what the old one made", n)
+	}
+	rf.PushEvent(bmcsim.RedfishEvent{MessageID: "ResourceEvent.1.0.ResourceChanged"})
+	d := hook.waitMessage(t, "/mid", "ResourceEvent.1.0.ResourceChanged", 30*time.Second)
+	if ctx, _ := d.event(t); ctx != "mid-ctx" || !validSignature(sub.SigningSecret, d.body, d.header.Get("X-Obmesh-Signature")) {
+		t.Errorf("delivered with Context %q or a bad signature", ctx)
+	}
+	stays(t, 3*time.Second, "one member, one create", func() bool { return len(ourSubs(rf)) == 1 && len(rf.CreateRequests()) == 1 })
+}
+
+func oneOursOf(t *testing.T, rf *bmcsim.Redfish) bmcsim.SimSubscription {
+	t.Helper()
+	o := ourSubs(rf)
+	if len(o) != 1 {
+		t.Fatalf("the BMC holds %d obmesh subscriptions, want exactly 1: %+v", len(o), o)
+	}
+	return o[0]
 }
