@@ -385,7 +385,8 @@ func TestEvents_SpecCases(t *testing.T) {
 		})
 
 		// 17: delete when the BMC already lost the member (404) finishes;
-		// delete with the BMC gone finishes within delete_timeout.
+		// with the BMC gone (the subscription degraded first) it finishes
+		// within delete_timeout.
 		t.Run("17 delete after a wipe", func(t *testing.T) {
 			t.Parallel()
 			rf := newCase(t, "rf-c17a", bmcsim.RedfishEvents{})
@@ -409,6 +410,11 @@ func TestEvents_SpecCases(t *testing.T) {
 			s := subscribe(t, api.SubscriptionSpec{Node: "rf-c17b", Destination: hook.url("/c17b")})
 			waitState(t, cl, s.ID, api.SubscriptionActive, 30*time.Second)
 			rf.Close()
+			// Its next check fails: degraded (it was on the BMC), retried.
+			WaitFor(t, 4*resync, "the subscription degraded, its BMC unreachable", func() bool {
+				g, err := cl.Subscription(bg, s.ID)
+				return err == nil && g.Status.State == api.SubscriptionDegraded && g.Status.ErrorClass == "unreachable" && g.Status.ErrorCount >= 1
+			})
 			start := time.Now()
 			if _, err := cl.DeleteSubscription(bg, s.ID); err != nil {
 				t.Fatal(err)
