@@ -67,8 +67,13 @@ func BenchmarkSyncer_PerRead(b *testing.B) {
 	b.ReportMetric(float64(cpuTime()-cpu0)/float64(reads), "cpu-ns/read")
 	b.StopTimer()
 	cancel()
-	<-done
-	<-drained
+	for _, ch := range []chan struct{}{done, drained} {
+		select {
+		case <-ch:
+		case <-time.After(30 * time.Second):
+			b.Fatal("the syncer or its drain did not stop within 30 s of the cancel")
+		}
+	}
 }
 
 // cpuTime is the CPU time (user and system) this process used so far.

@@ -233,7 +233,13 @@ func TestEvents_StreamDeliversAndEnds(t *testing.T) {
 	if first.ID != "e1\nevent: forged" || first.MessageID != "ResourceEvent.1.0.ResourceChanged" {
 		t.Fatalf("first event: %+v", first)
 	}
-	if second := <-got; second.ID != "e2" {
+	var second api.Event
+	select {
+	case second = <-got:
+	default:
+		t.Fatal("no second event was delivered before the watch ended")
+	}
+	if second.ID != "e2" {
 		t.Fatalf("second event: %+v (the other node's event leaked, or a forged line split the stream)", second)
 	}
 	// The server notices the client left and drops its watcher.

@@ -152,7 +152,11 @@ func TestAPI_EarlyReceiptIDAndPhase(t *testing.T) {
 	if !ops.ValidOperationID(id) {
 		t.Fatalf("early id %q is not an operation id", id)
 	}
-	<-atAgent
+	select {
+	case <-atAgent:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the operation did not reach the agent within 30 s")
+	}
 	st, _, raw := f.do(t, "GET", "/v1/operations/"+id, "", token)
 	var run api.Receipt
 	json.Unmarshal([]byte(raw), &run)
@@ -160,7 +164,12 @@ func TestAPI_EarlyReceiptIDAndPhase(t *testing.T) {
 		t.Errorf("while running: %d %s, want running at_bmc on a1", st, raw)
 	}
 	close(release)
-	a := <-done
+	var a answer
+	select {
+	case a = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no final answer within 30 s of the agent's result")
+	}
 	if a.status != 200 || a.rec.ID != id || a.rec.Outcome != api.OutcomeOK {
 		t.Fatalf("final answer %d %+v, want 200 ok with id %s", a.status, a.rec, id)
 	}

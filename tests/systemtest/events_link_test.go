@@ -177,8 +177,13 @@ func TestEventsLink_CoordinatorSideAndAgentInProcess(t *testing.T) {
 	go func() { agentDone <- a.Run(ctx) }()
 	defer func() {
 		cancel()
-		if err := <-agentDone; err != nil {
-			t.Errorf("agent Run = %v", err)
+		select {
+		case err := <-agentDone:
+			if err != nil {
+				t.Errorf("agent Run = %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("agent Run did not return within 30 s of its cancel")
 		}
 	}()
 

@@ -120,7 +120,11 @@ func TestConsole_EscapeBannerAndReadOnly(t *testing.T) {
 			t.Fatal("~. did not leave the console")
 		}
 		pw.Close()
-		<-cs.done
+		select {
+		case <-cs.done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the console server's handler did not end within 10 s of the client leaving")
+		}
 		srv.Close()
 		e := errb.String()
 		if code != 0 || !strings.Contains(e, "connected to n1") || !strings.Contains(e, "disconnected from n1") {

@@ -245,7 +245,11 @@ func TestCoordinator_LogsCertificateWarningAtStart(t *testing.T) {
 	for !strings.Contains(out.String(), "coordinator started") {
 		if time.Now().After(deadline) {
 			cancel()
-			<-done
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				t.Error("the coordinator did not stop within 30s of its cancel either")
+			}
 			t.Fatalf("coordinator did not start within 20s:\n%s", out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
