@@ -464,6 +464,53 @@ func TestEvents_SpecCases(t *testing.T) {
 			WaitFor(t, 4*resync, "the leaked member removed", func() bool { return len(ourSubs(rf)) == 0 })
 		})
 
+		// Filters (relay mode): each kind, set through the API, selects
+		// in the agent's relay exactly its events; a subscription without
+		// filters gets them all.
+		t.Run("filters", func(t *testing.T) {
+			t.Parallel()
+			rf := newCase(t, "rf-cf", bmcsim.RedfishEvents{})
+			specs := map[string]api.SubscriptionSpec{
+				"/cf-all":   {},
+				"/cf-reg":   {Filters: api.EventFilters{RegistryPrefixes: []string{"Base"}}},
+				"/cf-rtype": {Filters: api.EventFilters{ResourceTypes: []string{"Manager"}}},
+				"/cf-msg":   {Filters: api.EventFilters{MessageIDs: []string{"ResourceEvent.1.0.ResourceErrorsDetected"}}},
+				"/cf-sev":   {Filters: api.EventFilters{Severities: []string{"Critical"}}},
+				"/cf-type":  {EventTypes: []string{"Alert"}},
+			}
+			for path, sp := range specs {
+				sp.Node, sp.Destination = "rf-cf", hook.url(path)
+				s := subscribe(t, sp)
+				waitState(t, cl, s.ID, api.SubscriptionActive, 30*time.Second)
+			}
+			events := []struct {
+				ev   bmcsim.RedfishEvent
+				want string // the one filtered subscriber that selects it
+			}{
+				{bmcsim.RedfishEvent{MessageID: "Base.1.0.Success", EventType: "Other"}, "/cf-reg"},
+				{bmcsim.RedfishEvent{MessageID: "ResourceEvent.1.0.ResourceErrorsDetected", EventType: "Other", Severity: "Warning"}, "/cf-msg"},
+				{bmcsim.RedfishEvent{MessageID: "ResourceEvent.1.0.ResourceChanged", EventType: "Other", Severity: "Critical"}, "/cf-sev"},
+				{bmcsim.RedfishEvent{MessageID: "ResourceEvent.1.0.ResourceStatusChangedOK", EventType: "Alert"}, "/cf-type"},
+				{bmcsim.RedfishEvent{MessageID: "ResourceEvent.1.0.ResourceCreated", EventType: "Other", Origin: "/redfish/v1/Managers/BMC"}, "/cf-rtype"},
+			}
+			for _, e := range events {
+				rf.PushEvent(e.ev)
+			}
+			for _, e := range events {
+				hook.waitMessage(t, "/cf-all", e.ev.MessageID, 20*time.Second)
+				hook.waitMessage(t, e.want, e.ev.MessageID, 20*time.Second)
+			}
+			stays(t, 2*time.Second, "each filtered subscriber got its one event only", func() bool {
+				for path := range specs {
+					if n := len(hook.deliveries(path)); path != "/cf-all" && n != 1 || path == "/cf-all" && n != len(events) {
+						t.Logf("%s received %d events", path, n)
+						return false
+					}
+				}
+				return true
+			})
+		})
+
 		// 23, 24, 26: every payload variant a BMC sends reaches the
 		// subscriber through the real relay with the user's Context; the
 		// relay answers 2xx for a malformed authenticated payload, 401 for
