@@ -137,6 +137,18 @@ func TestAgent_ReportsDriverHealth(t *testing.T) {
 // (the BMC may have acted); a status read cut short the same way is a
 // plugin failure.
 func TestAgent_PluginDeathDuringPowerIsOutcomeUnknown(t *testing.T) {
+	pluginDeathDuring(t, "power_cycle", "power_status")
+}
+
+// A boot device change whose plugin dies during the call is outcome
+// unknown too (the BMC may have changed its override). Its own agent: a
+// third crash in a row would meet the plugin's restart backoff.
+func TestAgent_PluginDeathDuringBootIsOutcomeUnknown(t *testing.T) {
+	pluginDeathDuring(t, "boot_device")
+}
+
+// pluginDeathDuring kills the mock plugin while each action runs, in turn.
+func pluginDeathDuring(t *testing.T, actions ...string) {
 	pki := pki(t)
 	f, addr := startFake(t, pki)
 	a := startAgentWith(t, pki, addr, func(*Config) {})
@@ -145,9 +157,12 @@ func TestAgent_PluginDeathDuringPowerIsOutcomeUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{Epoch: 1, HeartbeatIntervalMs: 50}}})
-	for i, action := range []string{"power_cycle", "power_status"} {
+	for i, action := range actions {
 		o := op(action, 1, action)
 		o.GetOperation().Node.Options = map[string]string{"delay": "30s"}
+		if action == "boot_device" {
+			o.GetOperation().BootDevice = "pxe"
+		}
 		o.GetOperation().Node.Key = action
 		o.GetOperation().DeadlineUnixNano = time.Now().Add(30 * time.Second).UnixNano()
 		s.Send(o)
@@ -160,14 +175,14 @@ func TestAgent_PluginDeathDuringPowerIsOutcomeUnknown(t *testing.T) {
 				}
 			}
 			if time.Now().After(deadline) {
-				t.Fatal("the operation never reached the mock plugin")
+				t.Fatalf("%s never reached the mock plugin (drivers %+v)", action, a.Drivers())
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 		syscall.Kill(pid, syscall.SIGKILL)
 		r := recvResult(t, s)
 		want := "plugin"
-		if action == "power_cycle" {
+		if action != "power_status" { // it may have reached the BMC
 			want = "outcome_unknown"
 		}
 		if r.Ok || r.ErrorClass != want || !strings.Contains(r.ErrorMessage, "signal: killed") {
