@@ -184,3 +184,40 @@ func TestNote_UnreachableExactlyAtTheNthConsecutiveFailure(t *testing.T) {
 		t.Fatalf("a success after failures: %+v, want 0 failures, degraded (intermittent), on", o)
 	}
 }
+
+// Waits are jittered by ±Jitter of the interval (reads of many nodes do not
+// fall into step), and a new node's first read comes at a random point of
+// its interval (a fleet assigned at once is read spread over it, not in
+// one burst).
+func TestSchedule_JitteredAndFirstReadsSpread(t *testing.T) {
+	const iv = 10 * time.Second
+	s := New(Config{Default: Settings{Interval: iv}, Jitter: 0.1}, newFake(), slog.New(slog.DiscardHandler))
+	before := time.Now()
+	s.Assign(siteTargets("s", 200))
+	after := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lo, hi := time.Duration(1<<62), time.Duration(0)
+	for _, n := range s.nodes {
+		if n.due.Before(before) || n.due.After(after.Add(iv)) {
+			t.Fatalf("first read of %s due %v after the assignment, want within the interval %v", n.t.Node.Name, n.due.Sub(before), iv)
+		}
+		d := n.due.Sub(before)
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	if hi-lo < iv/2 {
+		t.Fatalf("200 first reads due between %v and %v after the assignment: not spread over the %v interval", lo, hi, iv)
+	}
+	n := s.nodes["s-0"]
+	lo, hi = time.Duration(1<<62), time.Duration(0)
+	for range 200 {
+		w := s.wait(n)
+		if w < iv-iv/10 || w > iv+iv/10 {
+			t.Fatalf("a wait of %v at a %v interval with 10%% jitter", w, iv)
+		}
+		lo, hi = min(lo, w), max(hi, w)
+	}
+	if hi-lo < iv/10 {
+		t.Fatalf("200 waits between %v and %v: not jittered by ±10%% of %v", lo, hi, iv)
+	}
+}
