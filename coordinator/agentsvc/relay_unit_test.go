@@ -203,3 +203,53 @@ func TestPowerSync_KicksRetriesAndNil(t *testing.T) {
 	// A report with no report callback is dropped quietly.
 	s2.fs.agentSend(&agentpb.AgentMessage{Msg: &agentpb.AgentMessage_PowerSyncReport{PowerSyncReport: &agentpb.PowerSyncReport{}}})
 }
+
+// A configuration or assignment that keeps failing to build is retried
+// with a doubling wait: 1 s, then 2 s.
+func TestPushers_BackoffDoubles(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var relayAt, syncAt []time.Time
+	svc, _ := unitService(t, Config{RelayConfig: func(string, []string) (*agentpb.RelayConfig, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		relayAt = append(relayAt, time.Now())
+		if len(relayAt) <= 2 {
+			return nil, errors.New("state busy")
+		}
+		return &agentpb.RelayConfig{Version: 1}, nil
+	}})
+	svc.SetPowerSync(func(string, []string) (*agentpb.PowerSyncAssignment, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		syncAt = append(syncAt, time.Now())
+		if len(syncAt) <= 2 {
+			return nil, errors.New("state busy")
+		}
+		return &agentpb.PowerSyncAssignment{Version: 1}, nil
+	}, nil)
+	h := hello("r1")
+	h.RelayUrl = "https://10.0.0.5:8443"
+	s := connect(t, svc, h, "s1")
+	deadline := time.After(10 * time.Second)
+	for got := 0; got < 2; {
+		select {
+		case m := <-s.fs.out:
+			if m.GetRelayConfig() != nil || m.GetPowerSync() != nil {
+				got++
+			}
+		case <-deadline:
+			t.Fatal("the configuration and the assignment were not both sent within 10s")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for name, at := range map[string][]time.Time{"relay configuration": relayAt, "power sync assignment": syncAt} {
+		if len(at) != 3 {
+			t.Fatalf("%s built %d times, want 3", name, len(at))
+		}
+		if d1, d2 := at[1].Sub(at[0]), at[2].Sub(at[1]); d1 < 900*time.Millisecond || d2 < 1800*time.Millisecond {
+			t.Errorf("%s retried after %v, then %v; want 1s, then 2s", name, d1, d2)
+		}
+	}
+}
