@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -645,4 +646,98 @@ func oneOursOf(t *testing.T, rf *bmcsim.Redfish) bmcsim.SimSubscription {
 		t.Fatalf("the BMC holds %d obmesh subscriptions, want exactly 1: %+v", len(o), o)
 	}
 	return o[0]
+}
+
+// TestEvents_RestoredSnapshotAdopts is case 3's other half through
+// processes: a snapshot saved while the BMC held its answer to the create
+// (the intent recorded, no URI) is restored after the subscription became
+// active. The restored state lacks the URI; the reconciler lists the BMC
+// and adopts the member by its signed Context: no second create, no
+// duplicate, and events still reach the subscriber.
+func TestEvents_RestoredSnapshotAdopts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	const resync = 2 * time.Second
+	c := eventsCluster(t, resync)
+	cl := client(c)
+	bg := context.Background()
+	rf := redfishBMC(t, bmcsim.RedfishEvents{CreateDelay: 5 * time.Second})
+	registerRedfish(t, cl, "rf-restore", rf)
+	hook := newWebhook(t)
+	sub, err := cl.CreateSubscription(bg, api.SubscriptionSpec{Node: "rf-restore", Destination: hook.url("/restore"), Context: "restore-ctx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	WaitFor(t, 30*time.Second, "the BMC to receive the create", func() bool { return len(rf.CreateRequests()) == 1 })
+	var snap bytes.Buffer
+	if err := cl.SnapshotSave(bg, &snap); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := cl.Subscription(bg, sub.ID); err != nil || s.Status.SubscriptionID != "" {
+		t.Fatalf("when saved: %+v, %v; want the create unanswered", s.Status, err)
+	}
+	// The saved record of the BMC subscription holds the intent (an
+	// attempt id) and no URI: the restore below really loses the URI.
+	var doc any
+	if err := json.Unmarshal(snap.Bytes(), &doc); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	saved := findKey(doc, "bmc_subscriptions")
+	recs, _ := saved.([]any)
+	if len(recs) != 1 {
+		t.Fatalf("the snapshot holds BMC subscriptions %v, want one", saved)
+	}
+	if rec, _ := recs[0].(map[string]any); rec["node"] != "rf-restore" || rec["uri"] != nil || rec["attempt_id"] == nil {
+		t.Fatalf("saved BMC subscription %v: want rf-restore's, with an attempt id and no uri", rec)
+	}
+	m := oneOursOf(t, rf)
+	WaitFor(t, 30*time.Second, "the subscription active with its member", func() bool {
+		s, err := cl.Subscription(bg, sub.ID)
+		return err == nil && s.Status.State == api.SubscriptionActive && s.Status.SubscriptionID == m.URI
+	})
+	if err := cl.SnapshotRestore(bg, snap.Bytes()); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	// The restored record does not know the member; the reconciler finds
+	// and adopts it.
+	WaitFor(t, 30*time.Second, "the restored subscription to adopt the member", func() bool {
+		s, err := cl.Subscription(bg, sub.ID)
+		return err == nil && s.Status.State == api.SubscriptionActive && s.Status.SubscriptionID == m.URI
+	})
+	if n := len(rf.CreateRequests()); n != 1 {
+		t.Errorf("the BMC received %d creates, want 1 (the restored intent adopts the member)", n)
+	}
+	if o := oneOursOf(t, rf); o.URI != m.URI {
+		t.Errorf("the BMC's member is %s, want %s kept", o.URI, m.URI)
+	}
+	rf.PushEvent(bmcsim.RedfishEvent{MessageID: "ResourceEvent.1.0.ResourceChanged"})
+	d := hook.waitMessage(t, "/restore", "ResourceEvent.1.0.ResourceChanged", 30*time.Second)
+	if ctx, _ := d.event(t); ctx != "restore-ctx" || !validSignature(sub.SigningSecret, d.body, d.header.Get("X-Obmesh-Signature")) {
+		t.Errorf("delivered with Context %q or a bad signature", ctx)
+	}
+	stays(t, 2*resync, "one member, one create", func() bool { return len(ourSubs(rf)) == 1 && len(rf.CreateRequests()) == 1 })
+}
+
+// findKey returns the first value under key anywhere in a decoded JSON
+// document.
+func findKey(v any, key string) any {
+	switch x := v.(type) {
+	case map[string]any:
+		if got, ok := x[key]; ok {
+			return got
+		}
+		for _, e := range x {
+			if got := findKey(e, key); got != nil {
+				return got
+			}
+		}
+	case []any:
+		for _, e := range x {
+			if got := findKey(e, key); got != nil {
+				return got
+			}
+		}
+	}
+	return nil
 }
