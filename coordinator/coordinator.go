@@ -226,6 +226,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(4<<20),
+		linkHandshakeBound(),
 	)
 	agentpb.RegisterAgentLinkServer(grpcSrv, svc)
 	clusterpb.RegisterClusterServer(grpcSrv, members)
@@ -252,7 +253,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		}
 	})
 	wg.Go(func() {
-		if err := grpcSrv.Serve(linkLn); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := grpcSrv.Serve(limitLink(linkLn, s.logger)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			errc <- fmt.Errorf("agent link: %w", err)
 		}
 	})
