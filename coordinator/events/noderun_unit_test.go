@@ -288,3 +288,37 @@ func TestNodeRun_UnsupportedIsTerminalUntilForcedOrChanged(t *testing.T) {
 		t.Fatalf("after the node changed %+v", b)
 	}
 }
+
+func TestNodeRun_ANewSubscriberIsHeldUntilItsRelayKnowsIt(t *testing.T) {
+	s := newStepper(t, testConfig())
+	bmc := s.node("n1", "redfish")
+	first := s.create(relaySpec("n1"))
+	s.settledRelay("n1", first)
+	s.agents.setDeaf("agent-1", true)
+	spec := relaySpec("n1")
+	spec.Destination = "https://hooks.example/second"
+	second := s.create(spec)
+	s.pushRequested()
+	out := s.step("n1", false)
+	// The BMC side is in place, but the relay does not know the new
+	// subscriber: it is held pending, a push is asked for, and the node
+	// runs again after half the acknowledgement timeout (or at the next
+	// relay report).
+	if out.failed || out.settled || out.retry != 5*time.Second {
+		t.Fatalf("held: %+v, want a retry after 5s", out)
+	}
+	if got := s.sub(second).Status; got.State != state.SubPending || got.ErrorClass != "no_agent" {
+		t.Fatalf("the new subscriber: %+v", got)
+	}
+	if s.sub(first).Status.State != state.SubActive || bmc.count(ActSubscribe) != 1 {
+		t.Fatal("the first subscriber or the shared BMC subscription changed")
+	}
+	if !s.pushRequested() {
+		t.Fatal("no push asked for")
+	}
+	s.agents.setDeaf("agent-1", false)
+	s.ackAll()
+	if out := s.step("n1", false); !out.settled || s.sub(second).Status.State != state.SubActive {
+		t.Fatalf("after the ack: %+v, %s", out, s.sub(second).Status.State)
+	}
+}
