@@ -119,3 +119,18 @@ func TestEventsWatch_UnknownNodeFailsFirst(t *testing.T) {
 		t.Fatalf("exit %d; stderr:\n%s", code, errs)
 	}
 }
+
+// events watch -h describes -timeout as what it is there (the bound on
+// reconnecting, unset by default), not the API commands' answer deadline
+// with its 1m default, which watch does not apply.
+func TestEventsWatch_HelpSaysWhatTimeoutBounds(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	code, _, errs := runCLI(t, srv, "events", "watch", "-h")
+	if code != 0 && code != 2 {
+		t.Fatalf("exit %d", code)
+	}
+	if !strings.Contains(errs, "give up reconnecting a lost stream") || strings.Contains(errs, "(default 1m0s)") {
+		t.Errorf("events watch -h:\n%s", errs)
+	}
+}

@@ -269,6 +269,12 @@ func eventsCommand() *Command {
 		fs := NewFlagSet(env, "[flags]", "Prints BMC events as the relay receives them, until Ctrl-C; -o json prints one JSON object per line\n(JSON Lines). A stream lost to a coordinator restart or a leader change is opened\nagain through any member (-addr may list several, comma-separated), with backoff,\nsaying so on stderr: until it succeeds, or for at most -timeout when -timeout is given.")
 		var f clientFlags
 		f.register(fs, env)
+		// -timeout means something else here: how long to keep
+		// reconnecting after a lost stream; unset, until Ctrl-C.
+		if fl := fs.Lookup("timeout"); fl != nil {
+			fl.Usage = "give up reconnecting a lost stream after this long (unset: keep trying until Ctrl-C)"
+			fl.DefValue = "0s"
+		}
 		fs.StringVar(&node, "node", "", "only this node's events")
 		pos, code, ok := ParseFlags(fs, args)
 		if !ok {
