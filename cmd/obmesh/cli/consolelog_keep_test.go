@@ -30,6 +30,9 @@ func (k *keeperAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodPatch && r.URL.Path == "/v1/nodes/n1/labels":
 		n.ConsoleLog = &api.ConsoleLog{State: api.ConsoleLogPending}
+	case r.Method == http.MethodPatch && r.URL.Path == "/v1/nodes/n1":
+		// node update answers the node without console_log.
+		n.Options, n.Labels = map[string]string{"console-log": "on"}, nil
 	case r.Method == http.MethodGet && r.URL.Path == "/v1/nodes/n1":
 		k.reads++
 		n.ConsoleLog = &api.ConsoleLog{State: api.ConsoleLogPending}
@@ -81,6 +84,21 @@ func TestNodeLabel_ConsoleLogKeepIsConfirmed(t *testing.T) {
 			}
 		})
 	}
+	// node update -option console-log=on reads the node for it and waits
+	// the same way.
+	t.Run("node update", func(t *testing.T) {
+		old := consoleLogConfirmWait
+		consoleLogConfirmWait = 2 * time.Second
+		defer func() { consoleLogConfirmWait = old }()
+		const noDir = "unsupported: console logging is not configured on this agent (consoles.log_dir)"
+		k := &keeperAPI{after: 1, final: &api.ConsoleLog{State: api.ConsoleLogFailing, Error: noDir, At: at}}
+		srv := httptest.NewServer(k)
+		defer srv.Close()
+		code, out, errs := runWith(t, context.Background(), srv.URL, "node", "update", "n1", "-option", "console-log=on")
+		if code != 0 || !strings.Contains(errs, "warning: console log of n1 is not kept: "+noDir) || !strings.Contains(out, "NOT logged") {
+			t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+		}
+	})
 	// Other labels do not wait.
 	k := &keeperAPI{}
 	srv := httptest.NewServer(k)
