@@ -2,6 +2,7 @@ package events
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/obmesh/obmesh/coordinator/state"
@@ -115,5 +116,116 @@ func TestFinalize_PushOnlyForTheRelayRecord(t *testing.T) {
 	}
 	if !s.pushRequested() {
 		t.Fatal("removing the relay BMC subscription asked for no push")
+	}
+}
+
+// staleMember makes the BMC's member of sid carry another signature (an
+// outdated payload), so the next run replaces it.
+func staleMember(bmc *fakeBMC, sid string) {
+	bmc.set(func(f *fakeBMC) {
+		for _, m := range f.members {
+			if s, _, ok := parseContext(m.ctx); ok && s == sid {
+				m.ctx = contextFor(sid, signature{Sig: "AAAAAAAAAAAAAAAAAAAAAA"})
+			}
+		}
+	})
+}
+
+func TestReplace_CreateThenDelete(t *testing.T) {
+	s, bmc, id, b, m := keeperSetup(t)
+	staleMember(bmc, b.ID)
+	n := len(bmc.log)
+	out := s.step("n1", false)
+	if out.failed || !out.settled {
+		t.Fatalf("a replacement: %+v, want settled", out)
+	}
+	var order []string
+	for _, a := range bmc.log[n:] {
+		if a == ActSubscribe || a == ActUnsubscribe {
+			order = append(order, a)
+		}
+	}
+	if len(order) != 2 || order[0] != ActSubscribe || order[1] != ActUnsubscribe {
+		t.Fatalf("calls %v, want a create then a delete (no event missed)", order)
+	}
+	kept := oneOurs(t, bmc, b.ID)
+	if r, _ := s.bmcsub(id); kept.uri == m.uri || r.URI != kept.uri || r.State != state.SubActive {
+		t.Fatalf("kept %s (old %s), record %+v", kept.uri, m.uri, r)
+	}
+}
+
+func TestReplace_UniqueDestinationDeletesFirstAndForgetsTheOldURI(t *testing.T) {
+	s, bmc, id, b, m := keeperSetup(t)
+	bmc.set(func(f *fakeBMC) { f.uniqueDestination = true })
+	// The first replacement meets the BMC's rule: the quirk is learned
+	// and the old member deleted before the new one is made.
+	staleMember(bmc, b.ID)
+	if out := s.step("n1", false); !out.settled {
+		t.Fatalf("%+v", out)
+	}
+	r, _ := s.bmcsub(id)
+	if !containsStr(r.Quirks, QuirkUniqueDestination) || r.URI == m.uri || r.State != state.SubActive {
+		t.Fatalf("record %+v", r)
+	}
+	// The next replacement deletes first; its create fails: the record
+	// no longer points at the deleted member (pending, not degraded).
+	staleMember(bmc, b.ID)
+	bmc.set(func(f *fakeBMC) { f.createErr = fail("busy", "try later") })
+	if out := s.step("n1", false); !out.failed {
+		t.Fatalf("%+v, want failed", out)
+	}
+	r, _ = s.bmcsub(id)
+	if r.URI != "" || r.State != state.SubPending || r.ErrorClass != "busy" || len(bmc.ours(b.ID)) != 0 {
+		t.Fatalf("record %+v after the old member was deleted and the create failed", r)
+	}
+}
+
+func containsStr(l []string, v string) bool {
+	for _, x := range l {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func TestCreate_QuirksOfAtMost64Characters(t *testing.T) {
+	s, fr, _ := newFaultStepper(t, testConfig())
+	s.node("n1", "redfish")
+	q64, q65 := strings.Repeat("q", 64), strings.Repeat("r", 65)
+	fr.quirks = []string{q64, q65, q64}
+	id, _ := s.activeDirect("n1")
+	r, _ := s.bmcsub(id)
+	if !containsStr(r.Quirks, q64) || containsStr(r.Quirks, q65) || len(r.Quirks) != 1 {
+		t.Fatalf("quirks %v: want the 64-character one once, not the 65", r.Quirks)
+	}
+}
+
+func TestReplace_AMemberWithoutDestinationCountsAsTheSameDestination(t *testing.T) {
+	s, bmc, id, b, _ := keeperSetup(t)
+	bmc.set(func(f *fakeBMC) { f.uniqueDestination = true })
+	staleMember(bmc, b.ID)
+	s.step("n1", false) // learns the BMC's one-per-destination rule
+	if r, _ := s.bmcsub(id); !containsStr(r.Quirks, QuirkUniqueDestination) {
+		t.Fatalf("quirk not learned: %v", r.Quirks)
+	}
+	// A BMC that does not show the destination: the member may well
+	// post to the same one, so it is deleted before the new one is made.
+	staleMember(bmc, b.ID)
+	bmc.set(func(f *fakeBMC) {
+		for _, m := range f.members {
+			m.dest = ""
+		}
+	})
+	n := len(bmc.log)
+	s.step("n1", false)
+	var order []string
+	for _, a := range bmc.log[n:] {
+		if a == ActSubscribe || a == ActUnsubscribe {
+			order = append(order, a)
+		}
+	}
+	if len(order) != 2 || order[0] != ActUnsubscribe || order[1] != ActSubscribe {
+		t.Fatalf("calls %v, want a delete then a create", order)
 	}
 }

@@ -23,6 +23,7 @@ type faultRunner struct {
 	*fakeRunner
 	mu       sync.Mutex
 	failActs map[string]bool
+	quirks   []string // added to every create's answer
 }
 
 func (f *faultRunner) setFail(action string, fail bool) {
@@ -39,7 +40,14 @@ func (f *faultRunner) Event(ctx context.Context, node string, req *agentpb.Event
 		f.bmc(node).set(func(b *fakeBMC) { b.calls[action]++; b.log = append(b.log, action) })
 		return nil, "agent-1", fail2("unreachable", "dial tcp: connection refused")
 	}
-	return f.fakeRunner.Event(ctx, node, req, action)
+	res, agent, err := f.fakeRunner.Event(ctx, node, req, action)
+	f.mu.Lock()
+	extra := f.quirks
+	f.mu.Unlock()
+	if action == ActSubscribe && res != nil && len(extra) > 0 {
+		res.Quirks = append(res.Quirks, extra...)
+	}
+	return res, agent, err
 }
 
 func fail2(class, msg string) error { return fail(class, msg) }
