@@ -322,3 +322,29 @@ func TestNodeRun_ANewSubscriberIsHeldUntilItsRelayKnowsIt(t *testing.T) {
 		t.Fatalf("after the ack: %+v, %s", out, s.sub(second).Status.State)
 	}
 }
+
+// A record restored from a snapshot without its create index is created
+// on the BMC only once the relay acknowledged a configuration at least as
+// new as the state (a conservative bound), not any configuration.
+func TestNodeRun_ARecordWithoutCreateIndexWaitsForACurrentAck(t *testing.T) {
+	s := newStepper(t, testConfig())
+	bmc := s.node("n1", "redfish")
+	id := s.create(relaySpec("n1"))
+	s.step("n1", false) // the record is made; no ack yet
+	s.store.mutate(t, func(doc map[string]any) {
+		for _, x := range doc["bmc_subscriptions"].([]any) {
+			delete(x.(map[string]any), "create_index")
+		}
+	})
+	if b, _ := s.bmcsub(id); b.CreateIndex != 0 {
+		t.Fatalf("setup: the restored record has create index %d, want 0", b.CreateIndex)
+	}
+	s.agents.ack("agent-1", 1) // a configuration older than the record
+	if out := s.step("n1", false); out.settled || bmc.count(ActSubscribe) != 0 {
+		t.Fatalf("%+v, %d creates: created on an old acknowledgement", out, bmc.count(ActSubscribe))
+	}
+	s.ackAll()
+	if out := s.step("n1", false); !out.settled || bmc.count(ActSubscribe) != 1 {
+		t.Fatalf("%+v, %d creates after a current ack", out, bmc.count(ActSubscribe))
+	}
+}
