@@ -348,3 +348,61 @@ func TestNodeRun_ARecordWithoutCreateIndexWaitsForACurrentAck(t *testing.T) {
 		t.Fatalf("%+v, %d creates after a current ack", out, bmc.count(ActSubscribe))
 	}
 }
+
+func TestNodeRun_ALostCreateAnswerIsAdoptedInTheSameRun(t *testing.T) {
+	for _, noLocation := range []bool{false, true} {
+		s := newStepper(t, testConfig())
+		bmc := s.node("n1", "redfish")
+		bmc.set(func(f *fakeBMC) { f.loseCreates, f.noLocation = 1, noLocation })
+		if noLocation {
+			bmc.set(func(f *fakeBMC) { f.loseCreates = 0 })
+		}
+		id := s.create(directSpec("n1", nil))
+		out := s.step("n1", false)
+		if out.failed || !out.settled {
+			t.Fatalf("no location %v: %+v, want adopted at once", noLocation, out)
+		}
+		b, _ := s.bmcsub(id)
+		if b.State != state.SubActive || b.URI == "" || bmc.count(ActSubscribe) != 1 || bmc.count(ActList) != 2 {
+			t.Fatalf("no location %v: record %+v, %d creates, %d lists", noLocation, b, bmc.count(ActSubscribe), bmc.count(ActList))
+		}
+		if containsStr(b.Quirks, QuirkNoLocation) != noLocation {
+			t.Fatalf("quirks %v", b.Quirks)
+		}
+	}
+}
+
+func TestRelist_AdoptsOnlyTheWantedPayload(t *testing.T) {
+	s := newStepper(t, testConfig())
+	bmc := s.node("n1", "redfish")
+	id := s.create(directSpec("n1", nil))
+	bmc.set(func(f *fakeBMC) { f.unreachable = true })
+	s.step("n1", false) // the record exists, nothing on the BMC
+	bmc.set(func(f *fakeBMC) { f.unreachable = false })
+	b, _ := s.bmcsub(id)
+	run := &nodeRun{r: s.r, e: s.r.entry("n1"), ctx: context.Background(), node: state.Node{Name: "n1"}}
+	ls := &liveSub{b: &b, sig: signature{Sig: "BBBBBBBBBBBBBBBBBBBBBB"}, spec: desiredSpec{Destination: "https://hooks.example/direct"}}
+	want := contextFor(b.ID, ls.sig)
+	bmc.add(&fakeMember{uri: subsURI + "1", dest: ls.spec.Destination, ctx: want, typ: "SSE"})                                           // an SSE session
+	bmc.add(&fakeMember{uri: subsURI + "2", dest: ls.spec.Destination, ctx: contextFor(b.ID, signature{Sig: "CCCCCCCCCCCCCCCCCCCCCC"})}) // another payload
+	bmc.add(&fakeMember{uri: subsURI + "3", dest: ls.spec.Destination, ctx: contextFor(newSID(), ls.sig)})                             // another sid
+	if run.relist(ls) {
+		t.Fatal("adopted a member without the wanted payload")
+	}
+	bmc.add(&fakeMember{uri: subsURI + "5", dest: ls.spec.Destination, ctx: want})
+	bmc.add(&fakeMember{uri: subsURI + "4", dest: ls.spec.Destination, ctx: want})
+	if !run.relist(ls) || ls.b.URI != subsURI+"4" || !ls.done || ls.b.State != state.SubActive {
+		t.Fatalf("adopted %q (want the lowest URI of the two carrying the payload)", ls.b.URI)
+	}
+	// Without a Context: by the relay path's sid and the destination.
+	ls2 := &liveSub{b: &state.BMCSub{ID: newSID()}, sig: ls.sig}
+	ls2.spec.Destination = relayDestination("https://agent:8443", "tok", ls2.b.ID, 1)
+	bmc.add(&fakeMember{uri: subsURI + "6", dest: relayDestination("https://other:8443", "tok", ls2.b.ID, 1)})
+	if run.relist(ls2) {
+		t.Fatal("adopted a member posting elsewhere")
+	}
+	bmc.add(&fakeMember{uri: subsURI + "7", dest: ls2.spec.Destination})
+	if !run.relist(ls2) || ls2.b.URI != subsURI+"7" {
+		t.Fatalf("adopted %q", ls2.b.URI)
+	}
+}
