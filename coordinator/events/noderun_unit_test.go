@@ -385,7 +385,7 @@ func TestRelist_AdoptsOnlyTheWantedPayload(t *testing.T) {
 	want := contextFor(b.ID, ls.sig)
 	bmc.add(&fakeMember{uri: subsURI + "1", dest: ls.spec.Destination, ctx: want, typ: "SSE"})                                           // an SSE session
 	bmc.add(&fakeMember{uri: subsURI + "2", dest: ls.spec.Destination, ctx: contextFor(b.ID, signature{Sig: "CCCCCCCCCCCCCCCCCCCCCC"})}) // another payload
-	bmc.add(&fakeMember{uri: subsURI + "3", dest: ls.spec.Destination, ctx: contextFor(newSID(), ls.sig)})                             // another sid
+	bmc.add(&fakeMember{uri: subsURI + "3", dest: ls.spec.Destination, ctx: contextFor(newSID(), ls.sig)})                               // another sid
 	if run.relist(ls) {
 		t.Fatal("adopted a member without the wanted payload")
 	}
