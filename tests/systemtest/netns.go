@@ -1,11 +1,14 @@
 package systemtest
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 )
 
@@ -19,6 +22,7 @@ type Net struct {
 	prefix string
 	bridge string
 	ns     []string
+	lock   *os.File // holds this Net's id against other processes (claimID)
 }
 
 // netSeq makes each NewNet of a process (-count=2, several tests) use
@@ -41,10 +45,14 @@ func NewNet(t testing.TB, n int) *Net {
 	if _, err := exec.LookPath("ip"); err != nil {
 		unavailable("iproute2 is not installed")
 	}
-	id := (os.Getpid() + int(netSeq.Add(1))) % 200
-	nt := &Net{t: t, prefix: fmt.Sprintf("10.201.%d", id), bridge: fmt.Sprintf("obmbr%d", id)}
-	// Leftovers of a run that was killed before its cleanup: the same
-	// names would fail with "RTNETLINK: File exists".
+	id, lock, err := claimID(os.Getpid() + int(netSeq.Add(1)))
+	if err != nil {
+		t.Fatalf("network namespace setup: %v", err)
+	}
+	nt := &Net{t: t, prefix: fmt.Sprintf("10.201.%d", id), bridge: fmt.Sprintf("obmbr%d", id), lock: lock}
+	// Leftovers of a run that was killed before its cleanup (no live
+	// process holds the id: claimID): the same names would fail with
+	// "RTNETLINK: File exists".
 	nt.removeLeftovers(id, n)
 	t.Cleanup(nt.Close)
 	nt.must("ip", "link", "add", nt.bridge, "type", "bridge")
@@ -71,6 +79,27 @@ func (nt *Net) must(args ...string) {
 	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 		nt.t.Fatalf("network namespace setup: %v: %v: %s", args, err, strings.TrimSpace(string(out)))
 	}
+}
+
+// claimID picks a network id (0-199) from start on that no other Net, in
+// this process or another (engineers and CI runs share a machine), holds:
+// an exclusive flock on a file named by the id, held until Close. Names
+// with the id found then are a dead run's, which removeLeftovers may
+// delete; without the claim, two runs whose ids met would delete each
+// other's hosts mid-test.
+func claimID(start int) (int, *os.File, error) {
+	for k := range 200 {
+		id := (start + k) % 200
+		f, err := os.OpenFile(filepath.Join(os.TempDir(), fmt.Sprintf("obmesh-netns-%d.lock", id)), os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return 0, nil, err
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+			return id, f, nil
+		}
+		f.Close()
+	}
+	return 0, nil, errors.New("all 200 network ids are held by running tests")
 }
 
 // removeLeftovers deletes the namespaces, links and bridge this id's hosts
@@ -127,4 +156,8 @@ func (nt *Net) Close() {
 		exec.Command("ip", "netns", "del", ns).Run()
 	}
 	exec.Command("ip", "link", "del", nt.bridge).Run()
+	if nt.lock != nil {
+		nt.lock.Close() // releases the id
+		nt.lock = nil
+	}
 }
