@@ -385,3 +385,28 @@ func TestPlaceless_MessageSaysWhetherAnAgentWentAway(t *testing.T) {
 		t.Fatalf("a subscription on the BMC without its relay is %s, want degraded", b2.State)
 	}
 }
+
+func TestRemoveSubs_NotFoundIsDoneOtherErrorsFailTheRun(t *testing.T) {
+	s, _, fs := newFaultStepper(t, testConfig())
+	s.node("n1", "redfish")
+	keep := s.create(relaySpec("n1"))
+	spec := relaySpec("n1")
+	spec.Destination = "https://hooks.example/other"
+	gone := s.create(spec)
+	s.settledRelay("n1", keep, gone)
+	if _, err := s.svc.Delete(context.Background(), gone); err != nil {
+		t.Fatal(err)
+	}
+	fs.setFail(state.RemoveSubscription{}, fmt.Errorf("raft: %w", context.DeadlineExceeded))
+	if out := s.step("n1", false); !out.failed {
+		t.Fatalf("a subscription that could not be removed: %+v, want failed", out)
+	}
+	if _, ok := s.store.State().Subscription(gone); !ok {
+		t.Fatal("removed although the write failed")
+	}
+	// Removed meanwhile (not found): done, the run goes on.
+	fs.setFail(state.RemoveSubscription{}, fmt.Errorf("subscription: %w", state.ErrNotFound))
+	if out := s.step("n1", false); out.failed || !out.settled {
+		t.Fatalf("a subscription already removed: %+v, want settled", out)
+	}
+}
