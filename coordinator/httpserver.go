@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/obmesh/obmesh/coordinator/api"
@@ -70,10 +69,10 @@ func newHTTPServer(cfg HTTPConfig, ln net.Listener, h http.Handler, logger *slog
 //     operation after a quick body is not cut off, and a body that does
 //     not arrive in time fails the request and closes the connection;
 //   - bounds the body to maxRequestBody;
-//   - once the handler has answered, if the answer closes the connection
-//     (a 401 does) and the body was not read to its end, ends the read at
-//     once, so the connection is closed rather than held until the body
-//     deadline while net/http drains a slow body nobody will use.
+//   - once the handler has answered, if it did not read the body to its
+//     end (a 401 does not read it), ends the read at once, so a body still
+//     on its way closes the connection rather than holding it until the
+//     body deadline while net/http drains a slow body nobody will use.
 //
 // A request without a body gets no read deadline: net/http is already
 // reading ahead on its connection to notice the client going away, and a
@@ -97,27 +96,17 @@ func publicRequests(h http.Handler, lim requestLimits) http.Handler {
 			r.Body = body
 		}
 		h.ServeHTTP(w, r)
-		if body != nil && !body.done && closing(w) {
-			// The answer closes the connection (a 401, a refused body)
-			// and the body was not read to its end: net/http would still
-			// read up to 256 KiB of it, waiting the whole body deadline
-			// for a client that sends it slowly, before closing. Nothing
-			// will use it, so end the read now and let the connection go.
+		if body != nil && !body.done {
+			// The handler answered without reading the body to its end (a
+			// 401, a 404 for an unknown obmd node, a refused body). net/http
+			// would now read up to 256 KiB more of it, to reuse the
+			// connection, waiting out the body deadline for a client that
+			// sends it slowly or never. Nothing will use it: end the read
+			// now. What already arrived is still drained and the connection
+			// kept; a body still on its way closes the connection at once.
 			rc.SetReadDeadline(now)
 		}
 	})
-}
-
-// closing reports whether the answer written to w closes the connection.
-func closing(w http.ResponseWriter) bool {
-	for _, v := range w.Header().Values("Connection") {
-		for tok := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(tok), "close") {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // errBodyTimeout is the error a handler reads when a request body does not
