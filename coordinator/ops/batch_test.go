@@ -169,7 +169,7 @@ func TestRecordBatcher_RefusalIsPerRecord(t *testing.T) {
 	if _, ok := rp.st.Audit("op-b"); ok {
 		t.Errorf("the refused record landed")
 	}
-	<-first
+	recvErr(t, first)
 }
 
 // A record whose caller gave up before its batch was formed is never
@@ -197,7 +197,7 @@ func TestRecordBatcher_GivenUpNotProposedAndFailuresReachAll(t *testing.T) {
 	rp.fail = errors.New("no quorum")
 	rp.mu.Unlock()
 	g.release <- struct{}{} // op-first: refused (no quorum)
-	if err := <-first; err == nil {
+	if err := recvErr(t, first); err == nil {
 		t.Errorf("op-first recorded without a quorum")
 	}
 	if c, ok := nextApply(t, g).(state.RecordOperations); !ok || len(c.Records) != 2 {
@@ -211,7 +211,7 @@ func TestRecordBatcher_GivenUpNotProposedAndFailuresReachAll(t *testing.T) {
 			t.Errorf("batched record: %v, want the batch's failure", err)
 		}
 	}
-	if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+	if err := recvErr(t, gaveUp); !errors.Is(err, context.Canceled) {
 		t.Errorf("given-up record: %v, want context.Canceled", err)
 	}
 	if _, ok := rp.st.Audit("op-gave-up"); ok {
@@ -316,4 +316,16 @@ func finalCheck(rp *replicated, rec api.Receipt, err error) error {
 		return fmt.Errorf("%s answered ok, recorded %s", rec.ID, raw)
 	}
 	return nil
+}
+
+// recvErr receives a record's outcome, failing the test after 10 s.
+func recvErr(t *testing.T, ch <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("a record never returned")
+		return nil
+	}
 }
