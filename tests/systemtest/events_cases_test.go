@@ -114,6 +114,25 @@ func TestEvents_SpecCases(t *testing.T) {
 		t.Helper()
 		rf := redfishBMC(t, ev)
 		registerRedfish(t, cl, name, rf)
+		t.Cleanup(func() {
+			if !t.Failed() {
+				return
+			}
+			// What the BMC saw and what the processes said about the node.
+			for _, r := range rf.Requests() {
+				if strings.HasPrefix(r.Path, "/redfish/v1/EventService") {
+					t.Logf("BMC request %s %s %s", r.At.Format("15:04:05.000"), r.Method, r.Path)
+				}
+			}
+			t.Logf("BMC subscriptions: %+v", rf.EventSubscriptions())
+			for _, p := range []*Proc{c.Coord, c.Agent} {
+				for _, l := range lines(p.Log(t)) {
+					if strings.Contains(l, "node="+name) || strings.Contains(l, "node "+name) {
+						t.Log(l)
+					}
+				}
+			}
+		})
 		return rf
 	}
 	subscribe := func(t *testing.T, s api.SubscriptionSpec) api.Subscription {
@@ -140,7 +159,11 @@ func TestEvents_SpecCases(t *testing.T) {
 			rf := newCase(t, "rf-c01", bmcsim.RedfishEvents{})
 			rf.LoseCreateResponses(1)
 			s := subscribe(t, api.SubscriptionSpec{Node: "rf-c01", Destination: hook.url("/c01")})
-			got := waitState(t, cl, s.ID, api.SubscriptionActive, 40*time.Second)
+			// The lost answer (a cut connection) makes the agent hold the
+			// BMC as unreachable for 5 s, so the relist right after it
+			// fails fast and adoption waits for a retry after a random
+			// backoff (it took over 40 s once under -race and load).
+			got := waitState(t, cl, s.ID, api.SubscriptionActive, 120*time.Second)
 			m := oneOurs(t, rf)
 			if got.Status.SubscriptionID != m.URI {
 				t.Errorf("status.subscription_id %q, the BMC's member %q", got.Status.SubscriptionID, m.URI)
