@@ -136,6 +136,15 @@ func TestBucket_RefillCancelAndWait(t *testing.T) {
 	if d, _ := b.reserve(); d != 100*time.Millisecond {
 		t.Fatalf("an hour refilled more than the burst: wait %v", d)
 	}
+	// A partial refill: the bucket owes one token; 200 ms at 10/s pay it
+	// and give one.
+	now = now.Add(200 * time.Millisecond)
+	if d, _ := b.reserve(); d != 0 {
+		t.Fatalf("200 ms later the next token waits %v, want 0 (refilled at 10/s)", d)
+	}
+	if d, _ := b.reserve(); d != 100*time.Millisecond {
+		t.Fatalf("then the next waits %v, want 100ms", d)
+	}
 	// cancel never raises the bucket above its burst.
 	now = now.Add(time.Hour)
 	b.reserve() // refills to 2, takes one: 1 left
