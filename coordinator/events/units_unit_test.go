@@ -200,6 +200,15 @@ func TestBackoffAndJitter_ZeroAndCap(t *testing.T) {
 			t.Fatalf("jitter(1ns) = %v", d)
 		}
 	}
+	// jitter spreads over the whole ±20 %.
+	lo, hi := time.Duration(1<<62), time.Duration(0)
+	for range 2000 {
+		d := jitter(10 * time.Minute)
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	if lo > 9*time.Minute || hi < 11*time.Minute {
+		t.Fatalf("jitter(10m) stayed within [%v, %v]: not spread over ±20%%", lo, hi)
+	}
 	// The doubling stops at the cap, also from a base above it.
 	for range 200 {
 		if d := backoff(0, time.Minute, time.Second); d < 0 || d >= time.Second {
