@@ -24,6 +24,10 @@ type outcome struct {
 	// retry: run again after this, without counting a failure (waiting
 	// for a relay agent to come back).
 	retry time.Duration
+	// relist (with failed): a create's answer was lost and the list
+	// that would adopt it failed; run again after this rather than after
+	// the growing backoff (see ambiguousRelistDelay).
+	relist time.Duration
 	// err is for Verify callers: the reconcile could not run at all.
 	err error
 }
@@ -84,9 +88,10 @@ type nodeRun struct {
 	removalMem  map[string][]member
 	undecodable []string
 
-	failed  bool
-	retry   time.Duration
-	secrets []string
+	failed     bool
+	retry      time.Duration
+	unresolved bool // an ambiguous create is unresolved (its relist failed)
+	secrets    []string
 	// held: a relay subscriber is shown pending until its relay agent
 	// acknowledges a configuration holding it (subscriberKnown).
 	held bool
@@ -564,6 +569,8 @@ func (run *nodeRun) result() outcome {
 	switch {
 	case run.ctx.Err() != nil:
 		return outcome{err: ErrNotRunning}
+	case run.failed && run.unresolved:
+		return outcome{failed: true, relist: ambiguousRelistDelay(run.r.cfg.BackoffBase)}
 	case run.failed:
 		return outcome{failed: true}
 	case run.retry > 0 || len(run.removals) > 0:
@@ -1063,6 +1070,7 @@ func (run *nodeRun) create(ls *liveSub) createResult {
 			msg = "the BMC's answer to the create was lost (" + run.msg(err) + "); its subscriptions are listed again before any new create"
 		}
 		run.fail(ls, "outcome_unknown", msg)
+		run.unresolved = true
 		return crFailed
 	case c == "already_exists":
 		if !slices.Contains(b.Quirks, QuirkUniqueDestination) {

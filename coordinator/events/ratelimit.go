@@ -85,6 +85,23 @@ func backoff(n int, base, maxDelay time.Duration) time.Duration {
 	return rand.N(d)
 }
 
+// ambiguousRelistDelay is when a node whose create was answered
+// ambiguously, and whose relist failed, is run again: between base and
+// 1.5×base. An answer lost on the wire (a cut connection, a timeout) makes
+// the agent hold that BMC as unreachable for a while (5 s by default, the
+// default base), so the relist right after it, and a retry drawn from the
+// full-jitter backoff in [0, base), are refused without reaching the BMC,
+// each counting a failure that doubles the next backoff: adoption took
+// 10-40 s. After the hold the list reaches the BMC and adopts. Only the
+// first retry after an ambiguous create is drawn so; if that list fails
+// too, the BMC is really away and the usual backoff applies.
+func ambiguousRelistDelay(base time.Duration) time.Duration {
+	if base <= 0 {
+		return 0
+	}
+	return base + rand.N(base/2+1)
+}
+
 // jitter spreads a period by ±20%.
 func jitter(d time.Duration) time.Duration {
 	if d <= 0 {

@@ -365,6 +365,8 @@ func (r *reconciler) runEntry(ctx context.Context, e *nodeEntry) {
 		at = time.Now()
 	case out.retry > 0:
 		at = time.Now().Add(out.retry)
+	case out.failed && out.relist > 0:
+		at = time.Now().Add(out.relist)
 	case out.failed:
 		at = time.Now().Add(backoff(e.failures-1, r.cfg.BackoffBase, r.cfg.BackoffMax))
 	case out.settled:
