@@ -816,8 +816,9 @@ func (a *Agent) raiseEpoch(e uint64) {
 // message before it leaves the agent. Drivers never echo one and the SDK's
 // plugin server strips them already; this is the backstop, with
 // sdk.RedactError's rules: a long secret is replaced, a message holding a
-// short one as a word is withheld whole, so a short password is never
-// revealed by where a marker stands.
+// short one as a word, or a long one of letters only (it may be a word of
+// the message), is withheld whole, so no password is revealed by where a
+// marker stands.
 func scrub(err error, secrets ...string) error {
 	return sdk.RedactError(err, secrets...)
 }

@@ -25,6 +25,12 @@ func TestScrub_NeverRevealsAShortPassword(t *testing.T) {
 	if got := scrub(long, "", "Correct-Horse-9"); strings.Contains(got.Error(), "Correct-Horse-9") || !strings.Contains(got.Error(), "[redacted]") {
 		t.Errorf("scrub of a long password = %q", got)
 	}
+	// A long password that is a word of the message: a marker would spell
+	// it out ("wrong user name or [redacted]").
+	word := sdk.Errorf(sdk.ClassAuth, "wrong user name or password")
+	if got := scrub(word, "password"); strings.Contains(got.Error(), "password") || strings.Contains(got.Error(), "[redacted]") || !errors.Is(got, sdk.ErrAuth) {
+		t.Errorf("scrub with the password %q = %q", "password", got)
+	}
 	if scrub(nil, "x") != nil {
 		t.Errorf("scrub(nil) != nil")
 	}

@@ -26,7 +26,10 @@ const Redacted = "[redacted]"
 // query and path escaping would render it:
 //
 //   - a secret of MinRedactLen bytes or more is replaced by Redacted
-//     wherever it occurs;
+//     wherever it occurs, unless it is made of letters only: such a secret
+//     may be a word of the message's own text, and a marker where it stood
+//     would spell it out (the password "password" in "wrong user name or
+//     password"), so a message holding one is withheld whole;
 //   - a shorter secret is looked for as a whole token only (no letter,
 //     digit or '_' right before or after it, so the "d" of "driver" does
 //     not count): if it is there, or a long secret survived replacement
@@ -43,6 +46,14 @@ func Redact(msg string, secrets ...string) (out string, withheld bool) {
 			continue
 		}
 		forms := renderings(s)
+		if len(s) >= MinRedactLen && lettersOnly(s) {
+			for _, f := range forms {
+				if strings.Contains(msg, f) {
+					return "", true
+				}
+			}
+			continue
+		}
 		if len(s) < MinRedactLen {
 			for _, f := range forms {
 				if hasToken(msg, f) {
@@ -141,3 +152,13 @@ func hasToken(msg, tok string) bool {
 }
 
 func wordRune(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) }
+
+// lettersOnly reports whether s has no character but letters.
+func lettersOnly(s string) bool {
+	for _, r := range s {
+		if !unicode.IsLetter(r) {
+			return false
+		}
+	}
+	return true
+}

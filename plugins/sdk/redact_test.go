@@ -76,6 +76,32 @@ func TestRedact_LongSecretReplaced(t *testing.T) {
 	}
 }
 
+// The audit's probe: the password "password" in "wrong user name or
+// password" was replaced, giving "wrong user name or [redacted]", which
+// spells it out. A long secret made of letters only may be a word of the
+// message itself: a message holding one is withheld whole.
+func TestRedact_LongWordSecretWithholdsTheMessage(t *testing.T) {
+	for _, c := range []struct{ msg, pw string }{
+		{"wrong user name or password", "password"},
+		{"passwords must be rotated", "password"},
+		{"login as administrator failed", "administrator"},
+		{"Authentication failed", "Authentication"},
+		{"bad value \"caf\\u00e9secret\"", "caf\u00e9secret"}, // quoted: still found
+	} {
+		if out, withheld := Redact(c.msg, c.pw); !withheld || out != "" {
+			t.Errorf("Redact(%q, %q) = %q, %v; want the message withheld", c.msg, c.pw, out, withheld)
+		}
+	}
+	err := RedactError(Errorf(ClassAuth, "wrong user name or password"), "password")
+	if !errors.Is(err, ErrAuth) || strings.Contains(err.Error(), "password") || strings.Contains(err.Error(), Redacted) {
+		t.Errorf("RedactError = %q: the password's place in the message shows", err)
+	}
+	// Not in the message: unchanged.
+	if out, withheld := Redact("no route to host", "password"); withheld || out != "no route to host" {
+		t.Errorf("Redact = %q, %v", out, withheld)
+	}
+}
+
 func TestRedactError_KeepsClassAndIdentity(t *testing.T) {
 	clean := Errorf(ClassUnreachable, "no route to 10.0.0.1")
 	if got := RedactError(clean, "Sup3rSecret", "", "x"); got != clean {
