@@ -50,6 +50,14 @@ func (d *Driver) rememberSuite(endpoint string, s types.CipherSuiteID) {
 	d.mu.Unlock()
 }
 
+// ValidateOptions implements sdk.OptionValidator: the address and options
+// Open would refuse (a bad port, cipher suite, privilege, duration) are
+// refused when the node is registered, without contacting the BMC.
+func (d *Driver) ValidateOptions(n sdk.Node) error {
+	_, err := parseTarget(n)
+	return err
+}
+
 // Open implements sdk.Driver. It validates the node's options and shares
 // the BMC's session with other nodes on the same BMC; the session itself is
 // opened by the first command, within that command's deadline.

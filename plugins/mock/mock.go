@@ -48,48 +48,11 @@ func (d *Driver) Open(ctx context.Context, n sdk.Node) (sdk.BMC, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, sdk.Errorf(sdk.ClassTimeout, "mock: open: %v", err)
 	}
-	var start uint64
-	var delay time.Duration
-	burst, rate := 1, 0
-	var fail sdk.Class
-	for k, v := range n.Options {
-		if strings.EqualFold(k, "console_rate") {
-			x, err := strconv.Atoi(v)
-			if err != nil || x < 0 || x > 1<<30 {
-				return nil, sdk.Errorf(sdk.ClassInvalid, "mock: option console_rate must be bytes per second (0..1073741824), got %q", v)
-			}
-			rate = x
-		}
-		if strings.EqualFold(k, "console_burst") {
-			x, err := strconv.Atoi(v)
-			if err != nil || x < 1 || x > 100000 {
-				return nil, sdk.Errorf(sdk.ClassInvalid, "mock: option console_burst must be 1..100000, got %q", v)
-			}
-			burst = x
-		}
-		if strings.EqualFold(k, "fail") {
-			switch c := sdk.Class(v); c {
-			case sdk.ClassAuth, sdk.ClassUnreachable, sdk.ClassBusy, sdk.ClassProtocol, sdk.ClassPrivilege:
-				fail = c
-			default:
-				return nil, sdk.Errorf(sdk.ClassInvalid, "mock: option fail must be auth, unreachable, busy, protocol or privilege, got %q", v)
-			}
-		}
-		if strings.EqualFold(k, "delay") {
-			d, err := time.ParseDuration(v)
-			if err != nil || d < 0 || d > time.Minute {
-				return nil, sdk.Errorf(sdk.ClassInvalid, "mock: option delay must be a duration up to 1m, got %q", v)
-			}
-			delay = d
-		}
-		if strings.EqualFold(k, "NumWrites") {
-			x, err := strconv.ParseUint(v, 10, 63)
-			if err != nil {
-				return nil, sdk.Errorf(sdk.ClassInvalid, "mock: option NumWrites must be a non-negative integer, got %q", v)
-			}
-			start = x
-		}
+	o, err := parseOptions(n)
+	if err != nil {
+		return nil, err
 	}
+	start, delay, burst, rate, fail := o.start, o.delay, o.burst, o.rate, o.fail
 	key := n.Key
 	if key == "" {
 		key = n.Name
@@ -102,6 +65,66 @@ func (d *Driver) Open(ctx context.Context, n sdk.Node) (sdk.BMC, error) {
 		d.nodes[key] = st
 	}
 	return &bmc{n: st, delay: delay, fail: fail, burst: burst, rate: rate}, nil
+}
+
+// options are a node's mock options (Open's doc says what each does).
+type options struct {
+	start       uint64
+	delay       time.Duration
+	burst, rate int
+	fail        sdk.Class
+}
+
+// parseOptions reads a node's options; unknown ones are ignored (obmd's
+// mock ignored unknown info keys), a bad value is ErrInvalid naming it.
+func parseOptions(n sdk.Node) (options, error) {
+	o := options{burst: 1}
+	for k, v := range n.Options {
+		if strings.EqualFold(k, "console_rate") {
+			x, err := strconv.Atoi(v)
+			if err != nil || x < 0 || x > 1<<30 {
+				return o, sdk.Errorf(sdk.ClassInvalid, "mock: option console_rate must be bytes per second (0..1073741824), got %q", v)
+			}
+			o.rate = x
+		}
+		if strings.EqualFold(k, "console_burst") {
+			x, err := strconv.Atoi(v)
+			if err != nil || x < 1 || x > 100000 {
+				return o, sdk.Errorf(sdk.ClassInvalid, "mock: option console_burst must be 1..100000, got %q", v)
+			}
+			o.burst = x
+		}
+		if strings.EqualFold(k, "fail") {
+			switch c := sdk.Class(v); c {
+			case sdk.ClassAuth, sdk.ClassUnreachable, sdk.ClassBusy, sdk.ClassProtocol, sdk.ClassPrivilege:
+				o.fail = c
+			default:
+				return o, sdk.Errorf(sdk.ClassInvalid, "mock: option fail must be auth, unreachable, busy, protocol or privilege, got %q", v)
+			}
+		}
+		if strings.EqualFold(k, "delay") {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 || d > time.Minute {
+				return o, sdk.Errorf(sdk.ClassInvalid, "mock: option delay must be a duration up to 1m, got %q", v)
+			}
+			o.delay = d
+		}
+		if strings.EqualFold(k, "NumWrites") {
+			x, err := strconv.ParseUint(v, 10, 63)
+			if err != nil {
+				return o, sdk.Errorf(sdk.ClassInvalid, "mock: option NumWrites must be a non-negative integer, got %q", v)
+			}
+			o.start = x
+		}
+	}
+	return o, nil
+}
+
+// ValidateOptions implements sdk.OptionValidator: the options Open would
+// refuse are refused when the node is registered.
+func (d *Driver) ValidateOptions(n sdk.Node) error {
+	_, err := parseOptions(n)
+	return err
 }
 
 // LastAction returns the last recorded action for a node key, in obmd's
