@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,4 +157,21 @@ func TestStore_LeaderAlone(t *testing.T) {
 		t.Errorf("registering n1 twice = %v, want ErrExists", err)
 	}
 	waitFor(t, 5*time.Second, "the member file", func() bool { _, err := os.Stat(s.memberFile()); return err == nil })
+}
+
+// The advertise address is what peers are told (RaftAddr); one that does
+// not resolve refuses to open.
+func TestOpen_AdvertiseAddress(t *testing.T) {
+	pki := newPKI(t)
+	cfg := pki.config(t, "c1", t.TempDir())
+	cfg.AdvertiseAddr = "127.0.0.1:17000"
+	s := open(t, cfg)
+	if s.RaftAddr() != "127.0.0.1:17000" {
+		t.Errorf("RaftAddr = %q, want the advertised 127.0.0.1:17000", s.RaftAddr())
+	}
+	bad := pki.config(t, "c2", t.TempDir())
+	bad.AdvertiseAddr = "127.0.0.1:notaport"
+	if err := openErr(t, bad); err == nil || !strings.Contains(err.Error(), `advertise address "127.0.0.1:notaport"`) {
+		t.Errorf("Open with an advertise address that does not resolve = %v", err)
+	}
 }
