@@ -98,6 +98,13 @@ func TestOpen_BootstrapPeersAndAFreshMember(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(fresh.Dir, memberFileName)); !os.IsNotExist(err) {
 		t.Errorf("a member without state recorded its membership: %v", err)
 	}
+	// A bootstrap Raft refuses (no voter) gives it no state.
+	if err := f.BootstrapWith([]Peer{{ID: "c3", Addr: f.RaftAddr()}, {ID: "c3", Addr: f.RaftAddr()}}); err == nil {
+		t.Fatal("BootstrapWith a duplicate member succeeded")
+	}
+	if f.HasState() {
+		t.Error("a refused bootstrap gave the member state")
+	}
 	// Bootstrapping it later gives it state.
 	if err := f.BootstrapWith([]Peer{{ID: "c3", Addr: f.RaftAddr()}}); err != nil {
 		t.Fatal(err)
