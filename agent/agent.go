@@ -444,7 +444,8 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	a.psync = newSyncer(cfg.PowerSync, a.host, logger)
 	if cfg.Relay.Enabled() {
 		r, err := relay.New(relay.Config{Listen: cfg.Relay.Listen, Advertise: cfg.Relay.Advertise,
-			CertFile: cfg.Relay.CertFile, KeyFile: cfg.Relay.KeyFile, DataDir: cfg.Relay.DataDir}, logger.With("component", "relay"))
+			CertFile: cfg.Relay.CertFile, KeyFile: cfg.Relay.KeyFile, DataDir: cfg.Relay.DataDir, CAFile: cfg.Relay.CAFile,
+			ClientCertFile: cfg.Relay.ClientCertFile, ClientKeyFile: cfg.Relay.ClientKeyFile}, logger.With("component", "relay"))
 		if err != nil {
 			return nil, fmt.Errorf("agent config: %w", err)
 		}

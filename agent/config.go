@@ -88,9 +88,19 @@ type RelayConfig struct {
 	// derives it from the bound address.
 	Advertise string `toml:"advertise"`
 	// CertFile and KeyFile are the listener's certificate; empty generates
-	// a self-signed one into DataDir, kept across restarts.
+	// a self-signed one into DataDir, kept across restarts. Both are read
+	// again when they change (renewal without a restart); key files must
+	// not be readable by group or others.
 	CertFile string `toml:"cert_file"`
 	KeyFile  string `toml:"key_file"`
+	// CAFile is the CA certificate that signed CertFile: uploaded to BMCs
+	// that can verify the relay's certificate (Redfish VerifyCertificate).
+	// Empty: the generated certificate itself, or none.
+	CAFile string `toml:"ca_file"`
+	// ClientCertFile and ClientKeyFile are the client certificate the relay
+	// presents to subscribers that require mutual TLS.
+	ClientCertFile string `toml:"client_cert_file"`
+	ClientKeyFile  string `toml:"client_key_file"`
 	// DataDir holds the relay's durable queue; required with Listen.
 	DataDir string `toml:"data_dir"`
 
@@ -164,6 +174,9 @@ func (c *Config) Validate() error {
 		}
 		if (r.CertFile == "") != (r.KeyFile == "") {
 			errs = append(errs, errors.New("relay.cert_file and relay.key_file go together (or leave both empty for a generated certificate)"))
+		}
+		if (r.ClientCertFile == "") != (r.ClientKeyFile == "") {
+			errs = append(errs, errors.New("relay.client_cert_file and relay.client_key_file go together"))
 		}
 		if r.Advertise != "" {
 			if u, err := url.Parse(r.Advertise); err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {

@@ -424,16 +424,25 @@ type deliverer struct {
 	verified, insecure *http.Client
 }
 
-func newDeliverer(roots *x509.CertPool) *deliverer {
+func newDeliverer(roots *x509.CertPool) *deliverer { return newClientDeliverer(roots, nil) }
+
+// newClientDeliverer is newDeliverer presenting a client certificate (a
+// non-nil pair) to subscribers that ask for one (mutual TLS); the pair is
+// read again when its files change.
+func newClientDeliverer(roots *x509.CertPool, client *keyPair) *deliverer {
 	mk := func(insecure bool) *http.Client {
+		tc := &tls.Config{
+			RootCAs:            roots,
+			InsecureSkipVerify: insecure,
+			MinVersion:         tls.VersionTLS12,
+		}
+		if client != nil {
+			tc.GetClientCertificate = client.getClientCertificate
+		}
 		tr := &http.Transport{
-			Proxy:       http.ProxyFromEnvironment,
-			DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			TLSClientConfig: &tls.Config{
-				RootCAs:            roots,
-				InsecureSkipVerify: insecure,
-				MinVersion:         tls.VersionTLS12,
-			},
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			TLSClientConfig:       tc,
 			TLSHandshakeTimeout:   5 * time.Second,
 			MaxIdleConns:          256,
 			MaxIdleConnsPerHost:   64,

@@ -31,7 +31,14 @@
 // and body read timeouts, a header size limit and a cap on open connections.
 // Without CertFile/KeyFile the relay generates a self-signed certificate into
 // DataDir on first start and reuses it afterwards, so its fingerprint
-// (Fingerprint, also logged) stays stable for BMCs that pin it.
+// (Fingerprint, also logged) stays stable for BMCs that pin it. The
+// certificate files are read again when they change (modification time or
+// size, checked at each handshake), so a renewed certificate serves new
+// connections without a restart; a pair that does not load keeps the old one
+// in use, with a warning. CACertPEM is the CA a BMC should pin (Config.CAFile,
+// or the self-signed certificate itself): renewing the certificate under the
+// same CA keeps such a BMC delivering. Key files readable by group or others
+// are refused.
 //
 // # Parsing
 //
@@ -72,7 +79,9 @@
 // the dead-letter list with the reason; the dead-letter list keeps the newest
 // MaxDeadLettersPerSubscriber entries. Destinations must be http or https;
 // https certificates are verified (against Config.RootCAs, or the system
-// roots) unless the subscriber sets InsecureSkipVerify.
+// roots) unless the subscriber sets InsecureSkipVerify. With
+// Config.ClientCertFile the relay presents that client certificate to
+// subscribers that ask for one (mutual TLS), re-read when it changes.
 //
 // Heartbeat records (HeartbeatEvent RedfishServiceFunctional) are delivered
 // only to subscribers that set ForwardHeartbeats. RedfishServiceStarted,
@@ -157,6 +166,20 @@ type Config struct {
 	// CertFile and KeyFile are the listener's certificate. Empty: a
 	// self-signed certificate is generated into DataDir and reused.
 	CertFile, KeyFile string
+	// Both files are read again when either changes (modification time
+	// or size): a renewed certificate serves new connections without a
+	// restart. KeyFile must not be readable by group or others.
+	//
+	// CAFile is the CA certificate (PEM) that signed CertFile: what a BMC
+	// that verifies the relay's certificate pins (CACertPEM). Empty: the
+	// listener's certificate itself when it is self-signed (a generated
+	// one), else none.
+	CAFile string
+	// ClientCertFile and ClientKeyFile are the client certificate the
+	// relay presents to subscribers that require one (mutual TLS); read
+	// again when they change, like CertFile. ClientKeyFile must not be
+	// readable by group or others. Empty: no client certificate.
+	ClientCertFile, ClientKeyFile string
 	// DataDir holds the durable queue (relay.db) and a generated
 	// certificate. Required.
 	DataDir string
@@ -358,6 +381,7 @@ type Relay struct {
 	infoMu  sync.Mutex
 	baseURL string
 	fprint  string
+	caPEM   []byte
 
 	mu       sync.RWMutex
 	nodes    map[string]*nodeState
@@ -404,6 +428,9 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	}
 	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
 		return nil, errors.New("relay: CertFile and KeyFile go together")
+	}
+	if (cfg.ClientCertFile == "") != (cfg.ClientKeyFile == "") {
+		return nil, errors.New("relay: ClientCertFile and ClientKeyFile go together")
 	}
 	if cfg.Advertise != "" {
 		u, err := url.Parse(cfg.Advertise)
@@ -467,12 +494,23 @@ func (r *Relay) URL() string {
 	return r.baseURL
 }
 
-// Fingerprint is the SHA-256 fingerprint of the listener's certificate,
+// Fingerprint is the SHA-256 fingerprint of the listener's certificate (the
+// one served now: it follows a renewal),
 // colon-separated upper-case hex as openssl prints it (empty before Ready).
 func (r *Relay) Fingerprint() string {
 	r.infoMu.Lock()
 	defer r.infoMu.Unlock()
 	return r.fprint
+}
+
+// CACertPEM is the CA certificate (PEM) a BMC that verifies the relay's
+// certificate should pin: Config.CAFile, or the listener's certificate when
+// it is self-signed; nil when there is none (or before Ready). Renewing the
+// listener's certificate under the same CA keeps a pinning BMC delivering.
+func (r *Relay) CACertPEM() []byte {
+	r.infoMu.Lock()
+	defer r.infoMu.Unlock()
+	return r.caPEM
 }
 
 // NodeURL is the URL a BMC subscription must point at:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -53,18 +52,44 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		ln.Close()
 		return err
 	}
-	cert, err := r.certificate(base)
-	if err != nil {
+	if _, err := r.certificate(base); err != nil {
 		ln.Close()
 		return err
+	}
+	certPath, keyPath := r.cfg.CertFile, r.cfg.KeyFile
+	if certPath == "" {
+		certPath, keyPath = filepath.Join(r.cfg.DataDir, genCertFile), filepath.Join(r.cfg.DataDir, genKeyFile)
+	}
+	kp, err := loadKeyPair(certPath, keyPath, "listener", r.log)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("relay: certificate: %w", err)
+	}
+	var clientKP *keyPair
+	if r.cfg.ClientCertFile != "" {
+		if clientKP, err = loadKeyPair(r.cfg.ClientCertFile, r.cfg.ClientKeyFile, "client", r.log); err != nil {
+			ln.Close()
+			return fmt.Errorf("relay: client certificate: %w", err)
+		}
+	}
+	caPEM := selfSignedPEM(kp.cert)
+	if r.cfg.CAFile != "" {
+		if caPEM, err = readCAFile(r.cfg.CAFile); err != nil {
+			ln.Close()
+			return fmt.Errorf("relay: %w", err)
+		}
+	}
+	kp.onChanged = func(c *tls.Certificate) {
+		r.infoMu.Lock()
+		r.fprint = leafFingerprint(c)
+		r.infoMu.Unlock()
 	}
 	st, err := openStore(filepath.Join(r.cfg.DataDir, dbFile), r.log, r.cfg.MaxDeadLettersPerSubscriber)
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	sum := sha256.Sum256(cert.Leaf.Raw)
-	fp := fingerprint(sum[:])
+	fp := leafFingerprint(kp.cert)
 
 	srv := &http.Server{
 		Handler:           r.handler(),
@@ -74,8 +99,10 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		IdleTimeout:       90 * time.Second,
 		MaxHeaderBytes:    32 << 10,
 		TLSConfig: &tls.Config{
-			Certificates: []tls.Certificate{cert},
-			MinVersion:   tls.VersionTLS12,
+			// Read per handshake: a renewed certificate is served to new
+			// connections without a restart.
+			GetCertificate: kp.getCertificate,
+			MinVersion:     tls.VersionTLS12,
 		},
 		// HTTP/1.1 only: BMCs speak it, and one HTTP/2 connection could
 		// carry hundreds of streams past the connection cap.
@@ -88,7 +115,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	defer stopWorkers()
 	r.mu.Lock()
 	r.st, r.running, r.runCtx = st, true, wctx
-	r.client = newDeliverer(r.cfg.RootCAs)
+	r.client = newClientDeliverer(r.cfg.RootCAs, clientKP)
 	for _, s := range r.subs {
 		r.startWorker(s)
 	}
@@ -96,7 +123,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	r.dropOrphans(st)
 
 	r.infoMu.Lock()
-	r.baseURL, r.fprint = base, fp
+	r.baseURL, r.fprint, r.caPEM = base, fp, caPEM
 	r.infoMu.Unlock()
 	close(r.ready)
 	r.log.Info("relay: listening", "addr", ln.Addr().String(), "url", base, "fingerprint", fp)
