@@ -694,7 +694,11 @@ type Hello struct {
 	// sent_mono_ns is the agent's monotonic clock when it sent the hello
 	// (nanoseconds from an origin of the agent process's own; only that
 	// process reads it): the coordinator echoes it in Welcome.heard_mono_ns.
-	SentMonoNs    int64 `protobuf:"varint,9,opt,name=sent_mono_ns,json=sentMonoNs,proto3" json:"sent_mono_ns,omitempty"`
+	SentMonoNs int64 `protobuf:"varint,9,opt,name=sent_mono_ns,json=sentMonoNs,proto3" json:"sent_mono_ns,omitempty"`
+	// relay_ca_pem is the CA certificate (PEM) that BMCs able to verify the
+	// relay's certificate (Redfish VerifyCertificate) should pin; empty when
+	// the relay has none to offer.
+	RelayCaPem    []byte `protobuf:"bytes,10,opt,name=relay_ca_pem,json=relayCaPem,proto3" json:"relay_ca_pem,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -790,6 +794,13 @@ func (x *Hello) GetSentMonoNs() int64 {
 		return x.SentMonoNs
 	}
 	return 0
+}
+
+func (x *Hello) GetRelayCaPem() []byte {
+	if x != nil {
+		return x.RelayCaPem
+	}
+	return nil
 }
 
 // Driver is one of the agent's drivers and its health.
@@ -2050,8 +2061,11 @@ type EventSpec struct {
 	Headers             map[string]string      `protobuf:"bytes,6,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	DeliveryRetryPolicy string                 `protobuf:"bytes,7,opt,name=delivery_retry_policy,json=deliveryRetryPolicy,proto3" json:"delivery_retry_policy,omitempty"`
 	Quirks              []string               `protobuf:"bytes,8,rep,name=quirks,proto3" json:"quirks,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// verify_ca_pem, when set, asks the BMC to verify the destination's
+	// certificate against these CA certificates (PEM) where it can.
+	VerifyCaPem   []byte `protobuf:"bytes,9,opt,name=verify_ca_pem,json=verifyCaPem,proto3" json:"verify_ca_pem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EventSpec) Reset() {
@@ -2136,6 +2150,13 @@ func (x *EventSpec) GetDeliveryRetryPolicy() string {
 func (x *EventSpec) GetQuirks() []string {
 	if x != nil {
 		return x.Quirks
+	}
+	return nil
+}
+
+func (x *EventSpec) GetVerifyCaPem() []byte {
+	if x != nil {
+		return x.VerifyCaPem
 	}
 	return nil
 }
@@ -3802,7 +3823,7 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
 	"power_sync\x18\b \x01(\v2$.obmesh.agent.v1.PowerSyncAssignmentH\x00R\tpowerSync\x12D\n" +
 	"\rheartbeat_ack\x18\t \x01(\v2\x1d.obmesh.agent.v1.HeartbeatAckH\x00R\fheartbeatAckB\x05\n" +
-	"\x03msg\"\xbf\x02\n" +
+	"\x03msg\"\xe1\x02\n" +
 	"\x05Hello\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x14\n" +
 	"\x05sites\x18\x02 \x03(\tR\x05sites\x121\n" +
@@ -3813,7 +3834,10 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x11relay_fingerprint\x18\a \x01(\tR\x10relayFingerprint\x12'\n" +
 	"\x0fplugin_warnings\x18\b \x03(\tR\x0epluginWarnings\x12 \n" +
 	"\fsent_mono_ns\x18\t \x01(\x03R\n" +
-	"sentMonoNs\"\xe5\x01\n" +
+	"sentMonoNs\x12 \n" +
+	"\frelay_ca_pem\x18\n" +
+	" \x01(\fR\n" +
+	"relayCaPem\"\xe5\x01\n" +
 	"\x06Driver\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
@@ -3917,7 +3941,7 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x03uri\x18\x01 \x01(\tR\x03uri\x12\x18\n" +
 	"\acontext\x18\x02 \x01(\tR\acontext\x12.\n" +
 	"\x04spec\x18\x03 \x01(\v2\x1a.obmesh.agent.v1.EventSpecR\x04spec\x12.\n" +
-	"\x04test\x18\x04 \x01(\v2\x1a.obmesh.agent.v1.TestEventR\x04test\"\x87\x03\n" +
+	"\x04test\x18\x04 \x01(\v2\x1a.obmesh.agent.v1.TestEventR\x04test\"\xab\x03\n" +
 	"\tEventSpec\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x18\n" +
 	"\acontext\x18\x02 \x01(\tR\acontext\x12\x1f\n" +
@@ -3927,7 +3951,8 @@ const file_internal_agentpb_agent_proto_rawDesc = "" +
 	"\x0eresource_types\x18\x05 \x03(\tR\rresourceTypes\x12A\n" +
 	"\aheaders\x18\x06 \x03(\v2'.obmesh.agent.v1.EventSpec.HeadersEntryR\aheaders\x122\n" +
 	"\x15delivery_retry_policy\x18\a \x01(\tR\x13deliveryRetryPolicy\x12\x16\n" +
-	"\x06quirks\x18\b \x03(\tR\x06quirks\x1a:\n" +
+	"\x06quirks\x18\b \x03(\tR\x06quirks\x12\"\n" +
+	"\rverify_ca_pem\x18\t \x01(\fR\vverifyCaPem\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x7f\n" +

@@ -1203,7 +1203,10 @@ type CreateSubscriptionRequest struct {
 	ResourceTypes       []string          `protobuf:"bytes,7,rep,name=resource_types,json=resourceTypes,proto3" json:"resource_types,omitempty"`
 	DeliveryRetryPolicy string            `protobuf:"bytes,8,opt,name=delivery_retry_policy,json=deliveryRetryPolicy,proto3" json:"delivery_retry_policy,omitempty"`
 	// quirks learned earlier for this BMC.
-	Quirks        []string `protobuf:"bytes,9,rep,name=quirks,proto3" json:"quirks,omitempty"`
+	Quirks []string `protobuf:"bytes,9,rep,name=quirks,proto3" json:"quirks,omitempty"`
+	// verify_ca_pem, when set: CA certificates (PEM) the BMC should verify
+	// the destination's certificate against (Redfish VerifyCertificate).
+	VerifyCaPem   []byte `protobuf:"bytes,10,opt,name=verify_ca_pem,json=verifyCaPem,proto3" json:"verify_ca_pem,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1297,6 +1300,13 @@ func (x *CreateSubscriptionRequest) GetDeliveryRetryPolicy() string {
 func (x *CreateSubscriptionRequest) GetQuirks() []string {
 	if x != nil {
 		return x.Quirks
+	}
+	return nil
+}
+
+func (x *CreateSubscriptionRequest) GetVerifyCaPem() []byte {
+	if x != nil {
+		return x.VerifyCaPem
 	}
 	return nil
 }
@@ -1657,7 +1667,7 @@ const file_plugins_sdk_internal_driverpb_driver_proto_rawDesc = "" +
 	"\x11subscription_type\x18\b \x01(\tR\x10subscriptionType\"\x83\x01\n" +
 	"\x19ListSubscriptionsResponse\x12D\n" +
 	"\rsubscriptions\x18\x01 \x03(\v2\x1e.obmesh.driver.v1.SubscriptionR\rsubscriptions\x12 \n" +
-	"\vundecodable\x18\x02 \x03(\tR\vundecodable\"\xc2\x03\n" +
+	"\vundecodable\x18\x02 \x03(\tR\vundecodable\"\xe6\x03\n" +
 	"\x19CreateSubscriptionRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12 \n" +
 	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x18\n" +
@@ -1668,7 +1678,9 @@ const file_plugins_sdk_internal_driverpb_driver_proto_rawDesc = "" +
 	"\x11registry_prefixes\x18\x06 \x03(\tR\x10registryPrefixes\x12%\n" +
 	"\x0eresource_types\x18\a \x03(\tR\rresourceTypes\x122\n" +
 	"\x15delivery_retry_policy\x18\b \x01(\tR\x13deliveryRetryPolicy\x12\x16\n" +
-	"\x06quirks\x18\t \x03(\tR\x06quirks\x1a:\n" +
+	"\x06quirks\x18\t \x03(\tR\x06quirks\x12\"\n" +
+	"\rverify_ca_pem\x18\n" +
+	" \x01(\fR\vverifyCaPem\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"=\n" +
