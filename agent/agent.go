@@ -617,7 +617,7 @@ func (a *Agent) session(ctx, runCtx context.Context, addr string, base *tls.Conf
 	}
 	hello := &agentpb.Hello{AgentId: a.cfg.ID, Sites: a.cfg.Sites, Version: Version, HighestEpoch: a.highestEpoch.Load()}
 	if relayOn {
-		hello.RelayUrl, hello.RelayFingerprint = a.relay.URL(), a.relay.Fingerprint()
+		hello.RelayUrl, hello.RelayFingerprint, hello.RelayCaPem = a.relay.URL(), a.relay.Fingerprint(), a.relay.CACertPEM()
 	}
 	hello.Drivers, hello.PluginWarnings = driversPB(a.host), a.host.Warnings()
 	hello.SentMonoNs = monoNow() // link fence (fence.go)

@@ -133,7 +133,7 @@ func specFromPB(s *agentpb.EventSpec) sdk.SubscriptionSpec {
 	spec := sdk.SubscriptionSpec{
 		Destination: s.Destination, Context: s.Context,
 		EventTypes: s.EventTypes, RegistryPrefixes: s.RegistryPrefixes, ResourceTypes: s.ResourceTypes,
-		DeliveryRetryPolicy: s.DeliveryRetryPolicy, Quirks: s.Quirks,
+		DeliveryRetryPolicy: s.DeliveryRetryPolicy, Quirks: s.Quirks, VerifyCA: s.VerifyCaPem,
 	}
 	if len(s.Headers) > 0 {
 		spec.Headers = make(map[string]sdk.Secret, len(s.Headers))

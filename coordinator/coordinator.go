@@ -391,7 +391,7 @@ func eventAgents(svc *agentsvc.Service) []events.Agent {
 	var out []events.Agent
 	acked := svc.RelayConfigVersions()
 	for _, a := range svc.Connected() {
-		out = append(out, events.Agent{ID: a.ID, Sites: a.Sites, Healthy: a.Healthy, RelayURL: a.RelayURL, RelayConfigVersion: acked[a.ID]})
+		out = append(out, events.Agent{ID: a.ID, Sites: a.Sites, Healthy: a.Healthy, RelayURL: a.RelayURL, RelayCAPEM: a.RelayCAPEM, RelayConfigVersion: acked[a.ID]})
 	}
 	return out
 }

@@ -186,6 +186,7 @@ type conn struct {
 	// when it runs none. relayKick (capacity 1) asks its pusher to send a
 	// fresh relay configuration.
 	relayURL, relayFP string
+	relayCA           []byte // the relay's CA for BMCs to pin (relayCAOf)
 	relayKick         chan struct{}
 	relayAcked        relayAck // the relay configuration version this link's agent applied (relay.go)
 
@@ -274,7 +275,7 @@ func (s *Service) Connect(stream agentpb.AgentLink_ConnectServer) error {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	c := &conn{id: hello.AgentId, sites: slices.Clone(hello.Sites), drivers: driverNames, driverHealth: health, warnings: clipAll(hello.PluginWarnings), version: hello.Version,
-		relayURL: hello.RelayUrl, relayFP: hello.RelayFingerprint, relayKick: make(chan struct{}, 1),
+		relayURL: hello.RelayUrl, relayFP: hello.RelayFingerprint, relayCA: s.relayCAOf(hello), relayKick: make(chan struct{}, 1),
 		stream: stream, cancel: cancel, lastContact: time.Now(), pending: map[string]chan *agentpb.OperationResult{}, ackKick: make(chan struct{}, 1)}
 	if err := c.send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: s.fenceWelcome(&agentpb.Welcome{
 		Epoch: s.lead.Epoch(), CoordinatorId: s.cfg.ID, HeartbeatIntervalMs: s.cfg.Heartbeat.Milliseconds(),
@@ -855,6 +856,9 @@ type AgentStatus struct {
 	// when it runs none. All are empty for an agent listed as lost.
 	Sites, Drivers             []string
 	RelayURL, RelayFingerprint string
+	// RelayCAPEM is the CA certificate (PEM) BMCs should pin when they
+	// verify the relay's certificate; empty when it offers none.
+	RelayCAPEM []byte
 	// DriverHealth is every driver the agent announced, with its health;
 	// PluginWarnings its plugin directory's problems.
 	DriverHealth   []DriverHealth
@@ -875,7 +879,7 @@ func (s *Service) Connected() []AgentStatus {
 		drivers, health, warnings := slices.Clone(c.drivers), slices.Clone(c.driverHealth), slices.Clone(c.warnings)
 		c.mu.Unlock()
 		out = append(out, AgentStatus{ID: c.id, Healthy: s.healthy(c, now), LastContact: lc,
-			Sites: slices.Clone(c.sites), Drivers: drivers, RelayURL: c.relayURL, RelayFingerprint: c.relayFP,
+			Sites: slices.Clone(c.sites), Drivers: drivers, RelayURL: c.relayURL, RelayFingerprint: c.relayFP, RelayCAPEM: c.relayCA,
 			DriverHealth: health, PluginWarnings: warnings})
 	}
 	for id, lc := range s.lost {

@@ -116,6 +116,9 @@ type Agent struct {
 	// RelayURL is the base URL of the agent's event relay; empty when it
 	// runs none.
 	RelayURL string
+	// RelayCAPEM is the CA (PEM) of the relay's certificate, given to BMCs
+	// that can verify it (VerifyCertificate); empty when there is none.
+	RelayCAPEM []byte
 	// RelayConfigVersion is the version of the relay configuration the
 	// agent acknowledged on its current link (RelayReport.config_version;
 	// 0 before any). A BMC subscription is pointed at its relay only once

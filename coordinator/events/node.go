@@ -1042,6 +1042,9 @@ func (run *nodeRun) create(ls *liveSub) createResult {
 	spec := &agentpb.EventSpec{Destination: ls.spec.Destination, Context: ls.ctxStr, EventTypes: ls.spec.EventTypes,
 		RegistryPrefixes: ls.spec.RegistryPrefixes, ResourceTypes: ls.spec.ResourceTypes, Headers: ls.spec.Headers,
 		Quirks: b.Quirks}
+	if ls.relay {
+		spec.VerifyCaPem = run.relayCA(b.Agent)
+	}
 	res, err := run.call(ActSubscribe, &agentpb.EventRequest{Spec: spec})
 	for _, q := range res.GetQuirks() {
 		if !slices.Contains(b.Quirks, q) && len(q) <= 64 {

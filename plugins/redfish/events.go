@@ -412,6 +412,7 @@ func (b *bmc) Subscribe(ctx context.Context, spec sdk.SubscriptionSpec) (sdk.Cre
 		if list, err := listSubscriptions(ctx, client, es.subscriptions); err == nil {
 			if s, ok := sameOwner(list.Subscriptions, spec); ok {
 				res.Subscription = s
+				pinCA(client, s.URI, spec.VerifyCA, &res)
 				return nil
 			}
 		}
@@ -446,6 +447,7 @@ func (b *bmc) Subscribe(ctx context.Context, spec sdk.SubscriptionSpec) (sdk.Cre
 			// never fire is deleted, and made again with EventTypes.
 			why := undeliverable(client, res.Subscription.URI, p)
 			if why == "" {
+				pinCA(client, res.Subscription.URI, spec.VerifyCA, &res)
 				return nil
 			}
 			resp, derr := client.Delete(res.Subscription.URI)

@@ -327,7 +327,7 @@ func (b *RemoteBMC) Subscribe(ctx context.Context, s SubscriptionSpec) (CreateRe
 	req := &driverpb.CreateSubscriptionRequest{
 		Session: b.session, Destination: s.Destination, Context: s.Context,
 		EventTypes: s.EventTypes, RegistryPrefixes: s.RegistryPrefixes, ResourceTypes: s.ResourceTypes,
-		DeliveryRetryPolicy: s.DeliveryRetryPolicy, Quirks: s.Quirks,
+		DeliveryRetryPolicy: s.DeliveryRetryPolicy, Quirks: s.Quirks, VerifyCaPem: s.VerifyCA,
 	}
 	if len(s.Headers) > 0 {
 		req.Headers = make(map[string]string, len(s.Headers))

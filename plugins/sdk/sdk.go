@@ -327,6 +327,12 @@ type SubscriptionSpec struct {
 	// Quirks are vendor quirks learned earlier (persisted by the caller);
 	// the driver adapts the payload to them.
 	Quirks []string
+	// VerifyCA, when set, holds CA certificates (PEM) the BMC should
+	// verify the destination's certificate against (Redfish
+	// VerifyCertificate with the subscription's Certificates). A BMC that
+	// cannot gets the subscription anyway, and the driver reports
+	// QuirkNoVerifyCertificate.
+	VerifyCA []byte
 }
 
 // Vendor quirks a driver learns while subscribing. They are stable strings:
@@ -351,6 +357,10 @@ const (
 	QuirkNoLocation = "no_location"
 	// QuirkHTTPSOnly: the BMC refuses http:// destinations.
 	QuirkHTTPSOnly = "https_only"
+	// QuirkNoVerifyCertificate: the BMC cannot verify the destination's
+	// certificate (no VerifyCertificate or Certificates on the
+	// subscription, or it refused the CA): it delivers unverified.
+	QuirkNoVerifyCertificate = "no_verify_certificate"
 )
 
 // CreateResult is the outcome of Subscribe. It is returned even when

@@ -417,7 +417,7 @@ func (s *server) CreateSubscription(ctx context.Context, req *driverpb.CreateSub
 	spec := SubscriptionSpec{
 		Destination: req.Destination, Context: req.Context,
 		EventTypes: req.EventTypes, RegistryPrefixes: req.RegistryPrefixes, ResourceTypes: req.ResourceTypes,
-		DeliveryRetryPolicy: req.DeliveryRetryPolicy, Quirks: req.Quirks,
+		DeliveryRetryPolicy: req.DeliveryRetryPolicy, Quirks: req.Quirks, VerifyCA: req.VerifyCaPem,
 	}
 	if len(req.Headers) > 0 {
 		spec.Headers = make(map[string]Secret, len(req.Headers))

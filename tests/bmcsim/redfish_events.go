@@ -20,7 +20,9 @@ import (
 // them, as bmcweb did), pushes events on power changes, on SubmitTestEvent,
 // on TestEventSubscription and on PushEvent, and delivers them like a BMC:
 // one ordered queue per subscription, each POST bounded by a deadline, TLS
-// toward the destination not verified, retries per DeliveryRetryAttempts
+// toward the destination not verified (unless the subscription has
+// VerifyCertificate set, RedfishEvents.VerifyCertificate), retries per
+// DeliveryRetryAttempts
 // and DeliveryRetryIntervalSeconds, then the subscription's
 // DeliveryRetryPolicy (TerminateAfterRetries deletes it, SuspendRetries
 // disables it until ResumeSubscription, RetryForever keeps trying). It only
@@ -100,6 +102,13 @@ type RedfishEvents struct {
 	// Severity (OK, Warning, Critical); 400 ActionParameterMissing (or
 	// ActionParameterValueFormatError) naming the first one wrong.
 	StrictTestEvents bool
+	// VerifyCertificate: subscriptions show VerifyCertificate (false until
+	// PATCHed) and a Certificates collection (EventDestination v1_9) that
+	// takes CA certificates ({"CertificateString": PEM, "CertificateType":
+	// "PEM"}). A subscription with VerifyCertificate true verifies its
+	// destination's certificate (chain and host) against those CAs; one
+	// without (and every subscription when this is off) does not verify.
+	VerifyCertificate bool
 	// EmptyEventTypes: a subscription created without EventTypes is
 	// stored with EventTypes [""] and matches no event: it never fires
 	// (seen on old firmware).
@@ -186,6 +195,10 @@ type SimSubscription struct {
 	// Attempts counts delivery attempts, Delivered the events accepted
 	// (2xx), Queued the events waiting.
 	Attempts, Delivered, Queued int
+	// VerifyCertificate is the subscription's setting; CACerts the
+	// certificates (PEM) in its Certificates collection.
+	VerifyCertificate bool
+	CACerts           []string
 }
 
 // ForeignSubscription is another tool's subscription (AddForeignSubscription).
@@ -215,6 +228,9 @@ type rfSub struct {
 	foreign          bool
 	originResources  []string
 	raw              string // served verbatim on GET when set (a broken member)
+	verifyCert       bool
+	certs            []subCert // the Certificates collection
+	nextCert         int
 
 	queue     [][]byte // event bodies waiting, oldest first
 	working   bool     // a delivery worker owns the queue
@@ -315,6 +331,7 @@ func (r *Redfish) EventSubscriptions() []SimSubscription {
 			RegistryPrefixes: slices.Clone(s.registryPrefixes), ResourceTypes: slices.Clone(s.resourceTypes),
 			Headers: h, Policy: s.policy, State: s.state, Foreign: s.foreign,
 			Attempts: s.attempts, Delivered: s.delivered, Queued: len(s.queue),
+			VerifyCertificate: s.verifyCert, CACerts: s.certPEMs(),
 		})
 	}
 	return out
@@ -454,6 +471,10 @@ func (r *Redfish) subDoc(s *rfSub) map[string]any {
 	if ev.ContextNotReturned {
 		doc["Context"] = ""
 	}
+	if ev.VerifyCertificate && !s.foreign {
+		doc["VerifyCertificate"] = s.verifyCert
+		doc["Certificates"] = map[string]any{"@odata.id": self + certsSuffix}
+	}
 	if ev.NumericIDs {
 		n, _ := strconv.Atoi(s.id)
 		doc["Id"], doc["@odata.id"] = n, subsPath
@@ -477,6 +498,10 @@ func eventError(w http.ResponseWriter, status int, id, msg, property string, arg
 // serveEvents handles the EventService routes; it reports whether it did.
 func (r *Redfish) serveEvents(w http.ResponseWriter, req *http.Request, path string) bool {
 	member := strings.HasPrefix(path, subsPath+"/")
+	if member && r.cfg.Events.VerifyCertificate && strings.Contains(path, certsSuffix) {
+		r.serveSubCerts(w, req, path)
+		return true
+	}
 	switch {
 	case req.Method == http.MethodGet && path == subsPath:
 		r.mu.Lock()
@@ -569,6 +594,17 @@ func (r *Redfish) patchSub(w http.ResponseWriter, req *http.Request, path string
 				return
 			}
 			s.context = c
+		case "VerifyCertificate":
+			on, ok := v.(bool)
+			if !r.cfg.Events.VerifyCertificate || s.foreign {
+				eventError(w, http.StatusBadRequest, "PropertyUnknown", "The property VerifyCertificate is not in the list of valid properties for the resource.", k, k)
+				return
+			}
+			if !ok {
+				eventError(w, http.StatusBadRequest, "PropertyValueTypeError", "The value for the property VerifyCertificate is of a different type than the property can accept.", k)
+				return
+			}
+			s.verifyCert = on
 		case "DeliveryRetryPolicy":
 			p, _ := v.(string)
 			if !validPolicy(p) || r.cfg.Events.DeliveryRetryPolicyRejected {
@@ -1004,6 +1040,10 @@ func (r *Redfish) deliver(s *rfSub) {
 			return
 		}
 		body, dest, policy := s.queue[0], s.destination, s.policy
+		client := r.deliveryClient
+		if s.verifyCert {
+			client = verifyingClient(s.certPEMs())
+		}
 		headers := make(map[string]string, len(s.headers))
 		for k, v := range s.headers {
 			headers[k] = v
@@ -1013,7 +1053,7 @@ func (r *Redfish) deliver(s *rfSub) {
 		ok := false
 		wait := ev.retryInterval()
 		for failures := 0; ; {
-			ok = r.post(dest, headers, body)
+			ok = r.post(client, dest, headers, body)
 			r.mu.Lock()
 			s.attempts++
 			gone := s.gone
@@ -1056,7 +1096,7 @@ func (r *Redfish) deliver(s *rfSub) {
 }
 
 // post makes one delivery attempt; a 2xx answer is success.
-func (r *Redfish) post(dest string, headers map[string]string, body []byte) bool {
+func (r *Redfish) post(client *http.Client, dest string, headers map[string]string, body []byte) bool {
 	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Events.deliveryTimeout())
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, dest, bytes.NewReader(body))
@@ -1067,7 +1107,7 @@ func (r *Redfish) post(dest string, headers map[string]string, body []byte) bool
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
-	resp, err := r.deliveryClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return false
 	}
