@@ -169,3 +169,34 @@ func TestFirstInterfaceIP_PrefersIPv4(t *testing.T) {
 		t.Fatalf("firstInterfaceIP = %v, but the machine has a usable IPv4 address", got)
 	}
 }
+
+func TestIngest_APayloadWithAnUnusableRecordDeliversTheRestAndQuarantines(t *testing.T) {
+	rc := newReceiver(t, false)
+	node, nodes := oneNode(t, Subscriber{ID: "s1", Destination: rc.URL()})
+	h := startRelay(t, Config{}, nodes)
+	body := `{"Context":"c","Events":[
+  {"EventType":"Alert","EventId":"1","MessageId":"Base.1.0.A"},
+  "not a record",
+  {"EventType":"Alert","EventId":"2","MessageId":"Base.1.0.B"}]}`
+	if code := post(t, h.NodeURL(node.Token, "sid", 1), body); code != 204 {
+		t.Fatalf("answered %d", code)
+	}
+	waitFor(t, 10*time.Second, "both usable records delivered", func() bool { return rc.count() == 2 })
+	var q []Quarantined
+	waitFor(t, 10*time.Second, "the payload quarantined", func() bool { q = h.Quarantine(); return len(q) == 1 })
+	if q[0].Reason != "1 of 3 records unusable" || string(q[0].Body) != body || q[0].Size != len(body) {
+		t.Fatalf("quarantined %q (%d bytes)", q[0].Reason, q[0].Size)
+	}
+	ns := h.Stats().Nodes[node.Name]
+	if ns.Malformed != 1 || ns.Received != 2 || ns.Posts != 1 {
+		t.Fatalf("node stats %+v", ns)
+	}
+	// A payload whose records are all usable is not quarantined.
+	if code := post(t, h.NodeURL(node.Token, "sid", 1), stdEvent("3")); code != 204 {
+		t.Fatalf("answered %d", code)
+	}
+	waitFor(t, 10*time.Second, "the third delivered", func() bool { return rc.count() == 3 })
+	if q := h.Quarantine(); len(q) != 1 {
+		t.Fatalf("%d quarantined", len(q))
+	}
+}
