@@ -268,7 +268,7 @@ func (r *Relay) work(ctx context.Context, st *store, d *deliverer, s *subState) 
 		case <-time.After(time.Second):
 		}
 	}
-	var pauseUntil time.Time
+	var pauseUntil, lastFail time.Time
 	failures := 0
 	s.mu.Lock()
 	gen := s.gen
@@ -292,6 +292,7 @@ func (r *Relay) work(ctx context.Context, st *store, d *deliverer, s *subState) 
 		}
 		s.mu.Unlock()
 		now := time.Now()
+		pauseUntil = r.capPause(s, now, lastFail, pauseUntil)
 		e, wait := s.pick(now, pauseUntil)
 		if e == nil {
 			var tc <-chan time.Time
@@ -349,7 +350,7 @@ func (r *Relay) work(ctx context.Context, st *store, d *deliverer, s *subState) 
 			}
 			s.mu.Unlock()
 			st.ack(s, e.Seq, e.EventID)
-			failures, pauseUntil = 0, time.Time{}
+			failures, pauseUntil, lastFail = 0, time.Time{}, time.Time{}
 			continue
 		}
 		msg := err.Error()
@@ -364,6 +365,7 @@ func (r *Relay) work(ctx context.Context, st *store, d *deliverer, s *subState) 
 		s.stats.LastError = msg
 		s.mu.Unlock()
 		failures++
+		lastFail = now
 		pauseUntil = now.Add(backoff(pol, failures))
 		var term *terminalError
 		switch {

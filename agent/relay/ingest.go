@@ -72,6 +72,7 @@ func (r *Relay) receive(w http.ResponseWriter, req *http.Request) error {
 	}
 	if st.queueBytes.Load()+int64(len(body)) > r.cfg.MaxQueueBytes {
 		r.log.Warn("relay: durable queue is full; BMC told to retry", "node", ns.name, "bytes", st.queueBytes.Load())
+		r.queueRefused(time.Now())
 		return fmt.Errorf("%w: queue size cap reached", ErrUnavailable)
 	}
 	now := time.Now()

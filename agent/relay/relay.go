@@ -148,6 +148,7 @@ const (
 	DefaultMaxAge          = 24 * time.Hour
 	DefaultAttemptTimeout  = 10 * time.Second
 	DefaultWatchBuffer     = 64
+	DefaultFullQueueProbe  = 10 * time.Second
 	defaultNoticeBuffer    = 64
 	minTokenLength         = 16
 	maxSIDLength           = 128
@@ -197,6 +198,12 @@ type Config struct {
 	MaxQueueBytes int64
 	// MaxConns caps simultaneously open listener connections.
 	MaxConns int
+	// FullQueueProbe caps the pause between attempts at a failing
+	// subscriber while the queue is refusing posts for lack of room (and
+	// for fullQueueWindow after the last refusal): room comes back when a
+	// subscriber does, and a BMC retries a refused event for only so long
+	// (iDRAC: 3 times, 30 s apart). Zero means DefaultFullQueueProbe.
+	FullQueueProbe time.Duration
 
 	// Delivery is the default delivery policy; a subscriber's non-zero
 	// fields override it.
@@ -403,6 +410,7 @@ type Relay struct {
 
 	notices chan Notice
 
+	fullAt         atomic.Int64 // unix nanos of the last post refused for lack of room
 	unauthorized   atomic.Uint64
 	watchDropped   atomic.Uint64
 	noticesDropped atomic.Uint64
@@ -460,6 +468,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	defi(&cfg.MaxPendingPerSubscriber, DefaultMaxPending)
 	defi(&cfg.MaxDeadLettersPerSubscriber, DefaultMaxDeadLetters)
 	defi(&cfg.MaxConns, DefaultMaxConns)
+	defd(&cfg.FullQueueProbe, DefaultFullQueueProbe)
 	defd(&cfg.Delivery.MaxAge, DefaultMaxAge)
 	defd(&cfg.Delivery.InitialBackoff, DefaultInitialBackoff)
 	defd(&cfg.Delivery.MaxBackoff, DefaultMaxBackoff)
