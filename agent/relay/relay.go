@@ -73,7 +73,8 @@
 // failed attempt, retried after a full-jitter exponential backoff
 // rand(0, min(MaxBackoff, InitialBackoff·2^n)). While a subscriber is failing
 // the worker probes it at the same backoff rather than trying every queued
-// event. An event that reaches MaxAttempts (0 = no limit) or MaxAge goes to
+// event; while the queue refuses posts for lack of room the pause is capped
+// at Config.FullQueueProbe, so room comes back soon after a subscriber does. An event that reaches MaxAttempts (0 = no limit) or MaxAge goes to
 // the subscriber's dead-letter list (DeadLetters), from where Replay queues
 // it again. A queue over MaxPendingPerSubscriber sends new events straight to
 // the dead-letter list with the reason; the dead-letter list keeps the newest
