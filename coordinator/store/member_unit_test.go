@@ -182,3 +182,72 @@ func TestOpen_AdvertiseAddress(t *testing.T) {
 		t.Errorf("Open with an advertise address that does not resolve = %v", err)
 	}
 }
+
+// A follower names only a leader it heard from within LeaderFresh: once
+// the leader has been silent longer, Leader() is empty even while Raft
+// still remembers it (until the election timeout).
+func TestLeader_FollowerNamesOnlyAFreshLeader(t *testing.T) {
+	pki := newPKI(t)
+	var stores []*Store
+	var peers []Peer
+	for _, id := range []string{"c1", "c2", "c3"} {
+		s := open(t, pki.config(t, id, t.TempDir()))
+		stores = append(stores, s)
+		peers = append(peers, Peer{ID: id, Addr: s.RaftAddr(), Voter: true})
+	}
+	for _, s := range stores {
+		if err := s.BootstrapWith(peers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var leader *Store
+	waitFor(t, 20*time.Second, "a leader", func() bool {
+		for _, s := range stores {
+			if s.IsLeader() {
+				leader = s
+				return true
+			}
+		}
+		return false
+	})
+	var follower *Store
+	for _, s := range stores {
+		if s != leader {
+			follower = s
+			break
+		}
+	}
+	waitFor(t, 10*time.Second, "the follower to name the leader", func() bool { _, id := follower.Leader(); return id == leader.ID() })
+	if a, _ := follower.Leader(); a != leader.RaftAddr() {
+		t.Errorf("the follower names the leader at %q, want %q", a, leader.RaftAddr())
+	}
+	if lc := follower.LastContact(); time.Since(lc) > 2*time.Second {
+		t.Errorf("the follower's last contact is %v old", time.Since(lc))
+	}
+	if err := leader.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Poll: whenever the follower's last contact is clearly older than
+	// LeaderFresh and Raft still names the old leader, Leader() is empty;
+	// the window must be seen at least once.
+	seen := false
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		_, raftID := follower.raft.LeaderWithID()
+		lc := follower.raft.LastContact()
+		a, id := follower.Leader()
+		if raftID == raft.ServerID(leader.ID()) && !lc.IsZero() && time.Since(lc) > LeaderFresh+100*time.Millisecond {
+			seen = true
+			if a != "" || id != "" {
+				t.Fatalf("the follower names %q at %q, silent for %v", id, a, time.Since(lc))
+			}
+		}
+		if raftID != raft.ServerID(leader.ID()) {
+			break // an election cleared it
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !seen {
+		t.Fatal("never saw the follower remember a leader silent for longer than LeaderFresh")
+	}
+}
