@@ -113,3 +113,39 @@ func TestReceipts_UnknownOutcomeRecordedBeforeTheAnswer(t *testing.T) {
 		t.Fatalf("recorded %+v before the answer, want the answered unknown with its class", got)
 	}
 }
+
+// An agent's result whose outcome is unknown (the driver could not confirm
+// a power off) is recorded before the answer and then acknowledged, so the
+// agent drops it; when the record fails, it is not acknowledged (the next
+// leader gets it again).
+func TestReceipts_UnknownResultAcknowledgedOnlyOnceRecorded(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		st := newStateStore(t)
+		d := &recDispatcher{}
+		d.answer = func(op *agentpb.Operation) (agentsvc.Result, error) {
+			st.fail(fail)
+			return agentsvc.Result{OperationResult: &agentpb.OperationResult{Id: op.Id, ErrorClass: "timeout", ErrorMessage: "no answer after ForceOff"}, Agent: "a1", Sent: true}, nil
+		}
+		r := New(Config{}, st, nil, d, epoch1{}, st, logging.Discard())
+		rec, _ := r.Do(context.Background(), Request{Node: "n1", Action: ActPowerOff})
+		if rec.Outcome != api.OutcomeUnknown {
+			t.Fatalf("fail=%v: Do = %+v, want unknown", fail, rec)
+		}
+		r.Wait()
+		want := 1
+		if fail {
+			want = 0
+		}
+		d.mu.Lock()
+		acks := 0
+		for _, id := range d.acks {
+			if id == rec.ID {
+				acks++
+			}
+		}
+		d.mu.Unlock()
+		if acks != want {
+			t.Errorf("record failing=%v: %s acknowledged %d times, want %d", fail, rec.ID, acks, want)
+		}
+	}
+}
