@@ -17,6 +17,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -108,7 +109,8 @@ func servedSerial(t *testing.T, addr string) string {
 // verifies the relay; the subscriber requires a client certificate and
 // gets the relay's (client_cert_file); the relay's certificate is renewed
 // (same CA) while the agent runs, new connections get it, and the BMC,
-// pinning the CA, keeps delivering.
+// pinning the CA, keeps delivering. A BMC that cannot verify gets its
+// subscription anyway, delivers, and the status shows no_verify_certificate.
 func TestEvents_TLSVerifyRotateMTLS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process test")
@@ -193,4 +195,17 @@ func TestEvents_TLSVerifyRotateMTLS(t *testing.T) {
 	if s := ourSubs(rf); len(s) != 1 || s[0].URI != ours[0].URI {
 		t.Errorf("the BMC's subscription changed across the renewal: %d subscription(s)", len(s))
 	}
+
+	// A BMC that cannot verify: the subscription is made anyway, delivers
+	// unverified, and its status says so.
+	plain := redfishBMC(t, bmcsim.RedfishEvents{})
+	registerRedfish(t, cl, "rf-plain", plain)
+	sub2 := createCLI(t, c, &creates, "rf-plain", "-destination", hook.URL+"/plain", "-insecure-skip-verify")
+	st2 := waitState(t, cl, sub2.ID, api.SubscriptionActive, 60*time.Second)
+	if !slices.Contains(st2.Status.Quirks, "no_verify_certificate") {
+		t.Errorf("status quirks %v, want no_verify_certificate", st2.Status.Quirks)
+	}
+	n := len(received())
+	plain.PushEvent(bmcsim.RedfishEvent{MessageID: "ResourceEvent.1.0.ResourceChanged", Message: "unverified"})
+	WaitFor(t, 30*time.Second, "the unverified BMC's event", func() bool { return len(received()) > n })
 }
