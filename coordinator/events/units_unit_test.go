@@ -483,3 +483,22 @@ func recvEvent(t *testing.T, ch <-chan api.Event) api.Event {
 	}
 	return api.Event{}
 }
+
+func TestCounters_ANodeEventNoNewerThanTheStatusWritesNothing(t *testing.T) {
+	st := newMemStore()
+	st.must(t, state.RegisterNode{Node: state.Node{Name: "n1", Driver: "redfish", Site: "default", Address: "https://10.0.0.1"}, StampUnixNano: 1})
+	node, _ := st.State().Node("n1")
+	id := newSubscriptionID()
+	st.must(t, state.CreateSubscription{Subscription: state.Subscription{ID: id, Node: "n1", NodeKey: node.Key(), Mode: state.ModeRelay, Destination: "https://h/",
+		Secret: state.Sealed{KeyID: "k", Nonce: []byte("n"), Ciphertext: []byte("c")}}, StampUnixNano: 1})
+	st.must(t, state.UpdateSubscriptionCounters{Counters: []state.SubscriptionCounters{{ID: id, LastEventUnixNano: 60}}})
+	c := newCounters()
+	c.nodeEvent("n1", 60)
+	if upd, _, _ := c.take(st.State()); len(upd) != 0 {
+		t.Fatalf("an event as old as the recorded one wrote %+v", upd)
+	}
+	c.nodeEvent("n1", 61)
+	if upd, _, _ := c.take(st.State()); len(upd) != 1 || upd[0].LastEventUnixNano != 61 {
+		t.Fatalf("a newer event wrote %+v", upd)
+	}
+}
