@@ -173,9 +173,10 @@ type Config struct {
 	// restart. KeyFile must not be readable by group or others.
 	//
 	// CAFile is the CA certificate (PEM) that signed CertFile: what a BMC
-	// that verifies the relay's certificate pins (CACertPEM). Empty: the
-	// listener's certificate itself when it is self-signed (a generated
-	// one), else none.
+	// that verifies the relay's certificate pins (CACertPEM). Run refuses
+	// a certificate it did not sign, and a renewal it did not sign is not
+	// loaded. Empty: the listener's certificate itself when it is
+	// self-signed (a generated one), else none.
 	CAFile string
 	// ClientCertFile and ClientKeyFile are the client certificate the
 	// relay presents to subscribers that require one (mutual TLS); read

@@ -78,6 +78,12 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 			ln.Close()
 			return fmt.Errorf("relay: %w", err)
 		}
+		if err := signedBy(kp.cert, caPEM); err != nil {
+			ln.Close()
+			return fmt.Errorf("relay: certificate: %w", err)
+		}
+		ca := caPEM
+		kp.check = func(c *tls.Certificate) error { return signedBy(c, ca) }
 	}
 	kp.onChanged = func(c *tls.Certificate) {
 		r.infoMu.Lock()

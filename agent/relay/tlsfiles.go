@@ -61,6 +61,9 @@ type keyPair struct {
 	stamp     [2]fileStamp
 	badStamp  [2]fileStamp // the change that failed last (not retried)
 	onChanged func(*tls.Certificate)
+	// check, when set, must accept a renewed pair (signed by the CA that
+	// BMCs pin).
+	check func(*tls.Certificate) error
 }
 
 // loadKeyPair reads the pair once; an error here fails the relay's start.
@@ -105,6 +108,9 @@ func (kp *keyPair) current() *tls.Certificate {
 		return kp.cert
 	}
 	st, c, err := kp.read()
+	if err == nil && kp.check != nil {
+		err = kp.check(c)
+	}
 	if err != nil {
 		kp.badStamp = now
 		kp.log.Warn("relay: renewed "+kp.what+" certificate not loaded; still using the previous one", "cert_file", kp.certPath, "err", err)
@@ -164,6 +170,24 @@ func readCAFile(path string) ([]byte, error) {
 		return nil, errors.New("CA file " + path + " holds no PEM certificate")
 	}
 	return out.Bytes(), nil
+}
+
+// signedBy checks that c's leaf chains to one of the CA certificates in
+// caPEM (through the intermediates c carries); host names are not checked.
+func signedBy(c *tls.Certificate, caPEM []byte) error {
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	inter := x509.NewCertPool()
+	for _, der := range c.Certificate[1:] {
+		if ic, err := x509.ParseCertificate(der); err == nil {
+			inter.AddCert(ic)
+		}
+	}
+	if _, err := c.Leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return fmt.Errorf("the certificate is not signed by the CA in ca_file (BMCs that verify the relay pin that CA): %w", err)
+	}
+	return nil
 }
 
 // selfSignedPEM is the leaf as PEM when it is self-signed (a generated

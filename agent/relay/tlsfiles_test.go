@@ -298,9 +298,50 @@ func TestListenerCertificateRotates(t *testing.T) {
 		t.Error("the broken renewal was not logged")
 	}
 
+	// A renewal from another CA: refused, since pinning BMCs would refuse
+	// it; the previous certificate stays.
+	newTestCA(t, "rogue CA").issue(t, "relay", false, sc, sk)
+	code, served, err = pinningBMC(t, h.CACertPEM(), u, stdEvent("3b"))
+	if err != nil || code != http.StatusNoContent || served != second.String() {
+		t.Fatalf("after a renewal from another CA: %d, served %s, %v; want the previous %s", code, served, err, second)
+	}
+	if !strings.Contains(h.logs.String(), "not signed by the CA in ca_file") {
+		t.Error("the renewal from another CA was not logged as such")
+	}
+
 	// A BMC pinning another CA is refused at the handshake.
 	if _, _, err := pinningBMC(t, newTestCA(t, "other CA").pem, u, stdEvent("4")); err == nil {
 		t.Error("a BMC pinning another CA delivered")
+	}
+}
+
+// TestCAFileMustSignTheCertificate: a relay whose certificate the CA in
+// CAFile did not sign does not start (BMCs pinning that CA would refuse
+// every connection).
+func TestCAFileMustSignTheCertificate(t *testing.T) {
+	ca, other := newTestCA(t, "CA"), newTestCA(t, "other CA")
+	dir := t.TempDir()
+	sc, sk := filepath.Join(dir, "s.pem"), filepath.Join(dir, "s-key.pem")
+	ca.issue(t, "relay", false, sc, sk)
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, other.pem, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", CertFile: sc, KeyFile: sk, CAFile: caFile}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(t.Context()) }()
+	select {
+	case err := <-errc:
+		if err == nil || !strings.Contains(err.Error(), "not signed by the CA in ca_file") {
+			t.Errorf("Run = %v, want a refusal", err)
+		}
+	case <-r.Ready():
+		t.Error("the relay started with a certificate its CA file did not sign")
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run neither failed nor started")
 	}
 }
 
