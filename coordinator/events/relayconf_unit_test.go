@@ -95,6 +95,16 @@ func TestFlushCounters_OnlyOnTheLeaderInBatchesAndKeptOnFailure(t *testing.T) {
 	if w := writes(); w != 2 {
 		t.Fatal("written again with nothing new")
 	}
+	// Exactly 5000 changed: one write.
+	rep := &agentpb.RelayReport{}
+	for _, id := range ids[:5000] {
+		rep.Subscribers = append(rep.Subscribers, &agentpb.RelaySubscriberStats{Id: id, Delivered: 14})
+	}
+	s.svc.OnRelayReport("agent-1", rep)
+	s.svc.flushCounters(context.Background())
+	if w := writes(); w != 3 {
+		t.Fatalf("%d writes for 5000 changed subscriptions, want 1", w-2)
+	}
 }
 
 func TestRelayAcked_ConnectedHealthyRelayAtTheVersion(t *testing.T) {
