@@ -171,3 +171,17 @@ func TestList_EachSubscriptionWithItsNodesBMCSubscriptions(t *testing.T) {
 		t.Fatal("a linearizable list off the leader")
 	}
 }
+
+func TestCreate_PushOnlyForARelaySubscriber(t *testing.T) {
+	s := newStepper(t, testConfig())
+	s.node("n1", "redfish")
+	s.pushRequested()
+	s.create(directSpec("n1", nil))
+	if s.pushRequested() {
+		t.Fatal("a direct subscription asked for a relay push")
+	}
+	s.create(relaySpec("n1"))
+	if !s.pushRequested() {
+		t.Fatal("a relay subscription asked for no relay push")
+	}
+}
