@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/obmesh/obmesh/coordinator/api"
 	"github.com/obmesh/obmesh/coordinator/ops"
@@ -183,5 +184,22 @@ func TestCreate_PushOnlyForARelaySubscriber(t *testing.T) {
 	s.create(relaySpec("n1"))
 	if !s.pushRequested() {
 		t.Fatal("a relay subscription asked for no relay push")
+	}
+}
+
+func TestVerify_ReturnsTheSubscriptionAfterTheRun(t *testing.T) {
+	e := newEnv(t, testConfig())
+	e.node("n1", "redfish")
+	e.start()
+	id := e.create(directSpec("n1", nil))
+	e.waitState(id, state.SubActive)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got, err := e.svc.Verify(ctx, id)
+	if err != nil || got.ID != id || got.Status.State != api.SubscriptionActive || got.Node != "n1" {
+		t.Fatalf("verify: %+v %v", got, err)
+	}
+	if _, err := e.svc.Verify(ctx, "sub-nope"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("verify of an unknown subscription: %v", err)
 	}
 }

@@ -61,3 +61,9 @@ func TestParseContext_SigOfExactly22(t *testing.T) {
 		t.Error("a bad sid accepted")
 	}
 }
+
+func TestCleanMessage_C1ControlsOnly(t *testing.T) {
+	if got := cleanMessage("a\u0080b\u009fc\u00a0d\u007fe"); got != "a b c\u00a0d e" {
+		t.Fatalf("cleanMessage = %q", got)
+	}
+}
