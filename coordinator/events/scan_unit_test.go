@@ -160,3 +160,38 @@ func TestScanLoop_NoticesAChangeNobodyTriggered(t *testing.T) {
 	})
 	_ = bmc
 }
+
+func TestScanLoop_NoticesAnAgentChangeAlone(t *testing.T) {
+	cfg := testConfig()
+	cfg.AgentGrace = time.Millisecond
+	s := newStepper(t, cfg)
+	s.node("n1", "redfish")
+	id := s.create(relaySpec("n1"))
+	s.agents.set(relayAgent("agent-1"), relayAgent("agent-2"))
+	s.settledRelay("n1", id)
+	b, _ := s.bmcsub(id)
+	s.unschedule("n1")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.r.scanLoop(ctx) }()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Error("scanLoop did not return")
+		}
+	}()
+	waitFor(t, "a few scans", func() bool { return s.r.scans.Load() >= 3 })
+	// The node's relay agent leaves; the state does not change.
+	others := relayAgent("agent-1")
+	if b.Agent == "agent-1" {
+		others = relayAgent("agent-2")
+	}
+	s.agents.set(others)
+	waitFor(t, "the agent change noticed", func() bool {
+		s.r.mu.Lock()
+		defer s.r.mu.Unlock()
+		return s.r.entry("n1").index >= 0
+	})
+}
