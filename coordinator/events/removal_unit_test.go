@@ -410,3 +410,109 @@ func TestRemoveSubs_NotFoundIsDoneOtherErrorsFailTheRun(t *testing.T) {
 		t.Fatalf("a subscription already removed: %+v, want settled", out)
 	}
 }
+
+func TestNodeRun_AnEventKeyThatCannotBeMadeFailsTheRun(t *testing.T) {
+	s, _, fs := newFaultStepper(t, testConfig())
+	s.node("n1", "redfish")
+	s.create(directSpec("n1", nil))
+	fs.setFail(state.SetEventKey{}, fmt.Errorf("raft: %w", context.DeadlineExceeded))
+	if out := s.step("n1", false); !out.failed || out.err != nil {
+		t.Fatalf("no event key: %+v, want failed (retried), not stopped", out)
+	}
+}
+
+func TestPlan_ARemovalWriteThatFailsFailsTheRun(t *testing.T) {
+	s, _, fs := newFaultStepper(t, testConfig())
+	s.node("n1", "redfish")
+	id := s.create(directSpec("n1", nil)) // never reconciled: no record
+	if _, err := s.svc.Delete(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	fs.setFail(state.RemoveSubscription{}, fmt.Errorf("raft: %w", context.DeadlineExceeded))
+	if out := s.step("n1", false); !out.failed {
+		t.Fatalf("%+v, want failed", out)
+	}
+	fs.setFail(state.RemoveSubscription{}, nil)
+	if out := s.step("n1", false); out.failed {
+		t.Fatalf("%+v", out)
+	}
+	if _, ok := s.store.State().Subscription(id); ok {
+		t.Fatal("not removed")
+	}
+}
+
+func TestPlanRelay_AnAwayAgentIsWaitedForHalfItsGrace(t *testing.T) {
+	for _, c := range []struct {
+		grace, base, want time.Duration
+	}{
+		{time.Hour, 10 * time.Millisecond, 30 * time.Minute},
+		{10 * time.Millisecond, time.Millisecond, 10 * time.Millisecond}, // at least 10 ms
+	} {
+		cfg := testConfig()
+		cfg.AgentGrace, cfg.BackoffBase = c.grace, c.base
+		s := newStepper(t, cfg)
+		bmc := s.node("n1", "redfish")
+		id := s.create(relaySpec("n1"))
+		s.settledRelay("n1", id)
+		s.agents.set(Agent{ID: "agent-1", Sites: []string{"default"}, Healthy: false, RelayURL: "https://agent-1.example:8443"})
+		s.r.agentSeen["agent-1"] = time.Now()
+		calls := len(bmc.log)
+		out := s.step("n1", false)
+		if out.failed || out.settled || out.retry != c.want {
+			t.Fatalf("grace %v: %+v, want a retry after %v", c.grace, out, c.want)
+		}
+		if b, _ := s.bmcsub(id); b.Agent != "agent-1" || b.State != state.SubActive {
+			t.Fatalf("record %+v", b)
+		}
+		for _, a := range bmc.log[calls:] {
+			if a != ActList {
+				t.Fatalf("the BMC side was touched while its agent may come back: %v", bmc.log[calls:])
+			}
+		}
+	}
+}
+
+func TestUnsupported_RemovalsAndTombstonesGoWithoutTheBMC(t *testing.T) {
+	s, _, fs := newFaultStepper(t, testConfig())
+	bmc := s.node("n1", "redfish")
+	id, _ := s.activeDirect("n1")
+	gone := s.create(directSpec("n1", map[string]string{"X-A": "v"}))
+	s.step("n1", false)
+	gb, _ := s.bmcsub(gone)
+	s.store.must(t, state.DeleteSubscription{ID: gone, StampUnixNano: 1})
+	s.store.must(t, state.DeleteBMCSub{ID: gb.ID, Tombstone: true, StampUnixNano: 1})
+	s.store.must(t, state.RemoveSubscription{ID: gone})
+	if _, err := s.svc.Delete(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	bmc.set(func(f *fakeBMC) { f.unsupported = true })
+	// A tombstone that cannot be forgotten stops the run (retried).
+	fs.setFail(state.DeleteTombstone{}, fmt.Errorf("raft: %w", context.DeadlineExceeded))
+	if out := s.step("n1", false); !out.failed {
+		t.Fatalf("%+v, want failed", out)
+	}
+	fs.setFail(state.DeleteTombstone{}, nil)
+	out := s.step("n1", false)
+	if out.failed || out.settled || out.retry != 0 || out.err != nil {
+		t.Fatalf("%+v, want nothing left", out)
+	}
+	if _, ok := s.store.State().Subscription(id); ok || len(s.store.State().BMCSubs("n1")) != 0 || len(s.store.State().Tombstones("n1")) != 0 {
+		t.Fatal("a removal or tombstone is left on a node without an event service")
+	}
+}
+
+func TestUnsupported_ARemovalAloneEndsTheRunCleanly(t *testing.T) {
+	s := newStepper(t, testConfig())
+	bmc := s.node("n1", "redfish")
+	id, _ := s.activeDirect("n1")
+	if _, err := s.svc.Delete(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	bmc.set(func(f *fakeBMC) { f.unsupported = true })
+	if out := s.step("n1", false); out.failed || out.settled || out.retry != 0 || out.err != nil {
+		t.Fatalf("%+v, want nothing left", out)
+	}
+	if _, ok := s.store.State().Subscription(id); ok {
+		t.Fatal("not removed")
+	}
+}
