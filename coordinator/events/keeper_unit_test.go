@@ -229,3 +229,38 @@ func TestReplace_AMemberWithoutDestinationCountsAsTheSameDestination(t *testing.
 		t.Fatalf("calls %v, want a delete then a create", order)
 	}
 }
+
+func TestKeyRotation_AContextUpdateThatFailsIsRetriedNotReplaced(t *testing.T) {
+	s, fr, _ := newFaultStepper(t, testConfig())
+	bmc := s.node("n1", "redfish")
+	id, b := s.activeDirect("n1")
+	if err := s.svc.RotateEventKey(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The BMC is away for the PATCH: retried later, nothing re-created.
+	fr.setFail(ActSetContext, true)
+	out := s.step("n1", false)
+	if !out.failed || bmc.count(ActSubscribe) != 1 {
+		t.Fatalf("%+v, %d creates: want a failed run and no new subscription", out, bmc.count(ActSubscribe))
+	}
+	if r, _ := s.bmcsub(id); r.ErrorClass != "unreachable" || r.URI != b.URI {
+		t.Fatalf("record %+v", r)
+	}
+	// It answers: only the context changes.
+	fr.setFail(ActSetContext, false)
+	if out := s.step("n1", false); !out.settled || bmc.count(ActSubscribe) != 1 || bmc.count(ActSetContext) != 2 {
+		t.Fatalf("%+v, %d creates, %d context updates", out, bmc.count(ActSubscribe), bmc.count(ActSetContext))
+	}
+	// A BMC that refuses the PATCH as invalid gets a new subscription.
+	if err := s.svc.RotateEventKey(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	fr.mu.Lock()
+	fr.failClass = "invalid_argument"
+	fr.mu.Unlock()
+	fr.setFail(ActSetContext, true)
+	s.step("n1", false)
+	if bmc.count(ActSubscribe) != 2 {
+		t.Fatalf("%d creates after an invalid context update, want a replacement", bmc.count(ActSubscribe))
+	}
+}

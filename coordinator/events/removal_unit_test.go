@@ -24,6 +24,8 @@ type faultRunner struct {
 	mu       sync.Mutex
 	failActs map[string]bool
 	quirks   []string // added to every create's answer
+	// failClass is the class of the failures (unreachable when empty).
+	failClass string
 }
 
 func (f *faultRunner) setFail(action string, fail bool) {
@@ -38,7 +40,13 @@ func (f *faultRunner) Event(ctx context.Context, node string, req *agentpb.Event
 	f.mu.Unlock()
 	if fail {
 		f.bmc(node).set(func(b *fakeBMC) { b.calls[action]++; b.log = append(b.log, action) })
-		return nil, "agent-1", fail2("unreachable", "dial tcp: connection refused")
+		f.mu.Lock()
+		class := f.failClass
+		f.mu.Unlock()
+		if class == "" {
+			class = "unreachable"
+		}
+		return nil, "agent-1", fail2(class, "dial tcp: connection refused")
 	}
 	res, agent, err := f.fakeRunner.Event(ctx, node, req, action)
 	f.mu.Lock()
