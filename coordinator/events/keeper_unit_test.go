@@ -264,3 +264,26 @@ func TestKeyRotation_AContextUpdateThatFailsIsRetriedNotReplaced(t *testing.T) {
 		t.Fatalf("%d creates after an invalid context update, want a replacement", bmc.count(ActSubscribe))
 	}
 }
+
+func TestResume_AFailedResumeIsRetriedAnUnsupportedOneReplaced(t *testing.T) {
+	s, fr, _ := newFaultStepper(t, testConfig())
+	bmc := s.node("n1", "redfish")
+	bmc.set(func(f *fakeBMC) { f.canResume = true })
+	id, _ := s.activeDirect("n1")
+	bmc.set(func(f *fakeBMC) { f.members[0].state = "Disabled" })
+	fr.setFail(ActResume, true)
+	out := s.step("n1", false)
+	if !out.failed || bmc.count(ActSubscribe) != 1 {
+		t.Fatalf("%+v, %d creates: a resume that failed must be retried, not replaced", out, bmc.count(ActSubscribe))
+	}
+	if r, _ := s.bmcsub(id); r.ErrorClass != "unreachable" {
+		t.Fatalf("record %+v", r)
+	}
+	fr.mu.Lock()
+	fr.failClass = "unsupported"
+	fr.mu.Unlock()
+	s.step("n1", false)
+	if bmc.count(ActSubscribe) != 2 {
+		t.Fatalf("%d creates: a BMC that cannot resume gets a replacement", bmc.count(ActSubscribe))
+	}
+}
