@@ -287,3 +287,20 @@ func TestResume_AFailedResumeIsRetriedAnUnsupportedOneReplaced(t *testing.T) {
 		t.Fatalf("%d creates: a BMC that cannot resume gets a replacement", bmc.count(ActSubscribe))
 	}
 }
+
+func TestCreateOrBlock_TheRecordedMemberUnreadableSaysSo(t *testing.T) {
+	s, bmc, id, b, _ := keeperSetup(t)
+	bmc.set(func(f *fakeBMC) { f.members, f.undecodable = nil, []string{b.URI} })
+	if out := s.step("n1", false); !out.failed || bmc.count(ActSubscribe) != 1 {
+		t.Fatalf("%+v, %d creates: nothing is created while the BMC lists an unreadable member", out, bmc.count(ActSubscribe))
+	}
+	if r, _ := s.bmcsub(id); r.ErrorClass != "protocol" || r.ErrorMessage != "the BMC lists this subscription but it cannot be read" {
+		t.Fatalf("record %+v", r)
+	}
+	// Another unreadable member: none is created blindly either.
+	bmc.set(func(f *fakeBMC) { f.undecodable = []string{subsURI + "99"} })
+	s.step("n1", false)
+	if r, _ := s.bmcsub(id); r.ErrorClass != "protocol" || !strings.Contains(r.ErrorMessage, "1 subscription(s) that cannot be read") || bmc.count(ActSubscribe) != 1 {
+		t.Fatalf("record %+v", r)
+	}
+}
