@@ -2,6 +2,7 @@ package events
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -404,5 +405,36 @@ func TestRelist_AdoptsOnlyTheWantedPayload(t *testing.T) {
 	bmc.add(&fakeMember{uri: subsURI + "7", dest: ls2.spec.Destination})
 	if !run.relist(ls2) || ls2.b.URI != subsURI+"7" {
 		t.Fatalf("adopted %q", ls2.b.URI)
+	}
+}
+
+func TestCreate_FailureClassesAndTheIntent(t *testing.T) {
+	for _, c := range []struct {
+		class      string
+		keepIntent bool
+		msg        string
+	}{
+		{"timeout", true, "the BMC's answer to the create was lost ("},
+		{"internal", true, ""},
+		{"unreachable", false, ""},
+		{"busy", false, ""},
+		{"auth", false, ""},
+		{"privilege", false, ""},
+		{"no_agent", false, ""},
+	} {
+		s := newStepper(t, testConfig())
+		bmc := s.node("n1", "redfish")
+		bmc.set(func(f *fakeBMC) { f.createErr = fail(c.class, "boom") })
+		id := s.create(directSpec("n1", nil))
+		if out := s.step("n1", false); !out.failed {
+			t.Fatalf("%s: %+v, want failed", c.class, out)
+		}
+		r, _ := s.bmcsub(id)
+		if (r.AttemptID != "") != c.keepIntent || r.ErrorClass != map[bool]string{true: "outcome_unknown", false: c.class}[c.class == "timeout"] {
+			t.Fatalf("%s: record %+v (the intent must stay only when the BMC may have taken the create)", c.class, r)
+		}
+		if c.msg != "" && !strings.HasPrefix(r.ErrorMessage, c.msg) {
+			t.Fatalf("%s: message %q", c.class, r.ErrorMessage)
+		}
 	}
 }
