@@ -77,6 +77,15 @@ for p in "${pkgs[@]}"; do
   # now: others may edit the checkout meanwhile.
   snap=$(mktemp -d)
   tar --exclude=./.git --exclude=./bin -cf - . | tar -xf - -C "$snap"
+  # gremlins runs the tests of ./PKG/..., subpackages included: their
+  # tests would run against every mutant of PKG (and a failure of theirs
+  # would kill it). They are scored on their own, so the copy leaves
+  # their tests out.
+  for e in $(excludes "$p"); do
+    case $e in
+      ^*/) if [ -d "$snap/$p/${e#^}" ]; then find "$snap/$p/${e#^}" -name '*_test.go' -delete; fi ;;
+    esac
+  done
   if [ "$recheck" = 1 ]; then
     MUTATE_RECHECK=1 python3 scripts/mutate-uncovered.py "$abs_out/$name.json" "$p" "$snap" >"$out/$name.recheck.log" 2>&1 || {
       echo "recheck failed on $p:"; tail -5 "$out/$name.recheck.log"; status=1; }
