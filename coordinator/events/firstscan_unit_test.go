@@ -184,3 +184,23 @@ func TestRunEntry_Reschedules(t *testing.T) {
 		t.Fatal("a terminal node was scheduled")
 	}
 }
+
+// A terminal BMC subscription record whose subscription is gone (an
+// interrupted removal) still runs at once: its removal is due.
+func TestFirstScan_ATerminalRecordWithoutItsSubscriptionRunsNow(t *testing.T) {
+	s := newStepper(t, testConfig())
+	u := s.node("n1", "ipmi")
+	u.set(func(f *fakeBMC) { f.unsupported = true })
+	id := s.create(directSpec("n1", nil))
+	s.step("n1", false)
+	s.store.must(t, state.DeleteSubscription{ID: id, StampUnixNano: 1})
+	s.store.must(t, state.RemoveSubscription{ID: id})
+	if len(s.store.State().BMCSubs("n1")) != 1 {
+		t.Fatal("setup: the record is gone")
+	}
+	r := newReconciler(s.svc)
+	r.firstScan()
+	if e := r.nodes["n1"]; e == nil || e.index < 0 || e.due.After(time.Now()) {
+		t.Fatal("a node with only a terminal orphan record was not run at once")
+	}
+}
