@@ -204,3 +204,16 @@ func TestFirstScan_ATerminalRecordWithoutItsSubscriptionRunsNow(t *testing.T) {
 		t.Fatal("a node with only a terminal orphan record was not run at once")
 	}
 }
+
+func TestFirstScan_AnActiveRecordWithoutItsSubscriptionRunsNow(t *testing.T) {
+	s := newStepper(t, testConfig())
+	s.node("n1", "redfish")
+	id, _ := s.activeDirect("n1")
+	s.store.must(t, state.DeleteSubscription{ID: id, StampUnixNano: 1})
+	s.store.must(t, state.RemoveSubscription{ID: id})
+	r := newReconciler(s.svc)
+	r.firstScan()
+	if e := r.nodes["n1"]; e == nil || e.index < 0 || e.due.After(time.Now()) {
+		t.Fatal("a node with only an orphan record was not run at once")
+	}
+}

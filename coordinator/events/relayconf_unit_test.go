@@ -214,3 +214,16 @@ func TestOnRelayEvent_PublishedAndNodeTimeKept(t *testing.T) {
 		t.Fatalf("node last event %d", at)
 	}
 }
+
+func TestRelayConfig_NodesSortedByName(t *testing.T) {
+	s := newStepper(t, testConfig())
+	for _, n := range []string{"n3", "n1", "n2"} {
+		s.node(n, "redfish")
+		id := s.create(relaySpec(n))
+		s.settledRelay(n, id)
+	}
+	cfg, err := s.svc.RelayConfig("agent-1", []string{"default"})
+	if err != nil || len(cfg.Nodes) != 3 || cfg.Nodes[0].Name != "n1" || cfg.Nodes[1].Name != "n2" || cfg.Nodes[2].Name != "n3" {
+		t.Fatalf("nodes %v %v", cfg.GetNodes(), err)
+	}
+}
