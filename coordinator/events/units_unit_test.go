@@ -501,4 +501,13 @@ func TestCounters_ANodeEventNoNewerThanTheStatusWritesNothing(t *testing.T) {
 	if upd, _, _ := c.take(st.State()); len(upd) != 1 || upd[0].LastEventUnixNano != 61 {
 		t.Fatalf("a newer event wrote %+v", upd)
 	}
+	// A node's last event from a relay report alone: a zero time is none.
+	c.report("ag", &agentpb.RelayReport{Nodes: []*agentpb.RelayNodeStats{{Node: "n1", LastEventUnixNano: 0}}})
+	if upd, _, nl := c.take(st.State()); upd != nil || nl != nil {
+		t.Fatalf("a zero node time was kept: %+v %v", upd, nl)
+	}
+	c.report("ag", &agentpb.RelayReport{Nodes: []*agentpb.RelayNodeStats{{Node: "n1", LastEventUnixNano: 70}}})
+	if upd, _, _ := c.take(st.State()); len(upd) != 1 || upd[0].LastEventUnixNano != 70 {
+		t.Fatalf("a node time from a report wrote %+v", upd)
+	}
 }
