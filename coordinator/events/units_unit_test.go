@@ -419,6 +419,14 @@ func TestCounters_BaselineIncreasesRestartsAndGiveBack(t *testing.T) {
 	if len(upd) != 1 || upd[0].ID != subD || upd[0].Delivered != 2 {
 		t.Fatalf("a new subscriber %+v", upd)
 	}
+	// Updates come sorted by id.
+	rep("ag", stat(subA, 4, 1, 0, 0), stat(subD, 3, 0, 0, 0))
+	upd, _, _ = c.take(st.State())
+	if len(upd) != 2 || upd[0].ID >= upd[1].ID {
+		t.Fatalf("updates not sorted by id: %+v", upd)
+	}
+	rep("ag", stat(subA, 3, 1, 0, 0), stat(subD, 2, 0, 0, 0)) // back as before (a restart of both)
+	c.take(st.State())
 	rep("ag", stat(subA, 3, 1, 0, 77))
 	upd, _, _ = c.take(st.State())
 	if len(upd) != 1 || upd[0].LastEventUnixNano != 77 || upd[0].Delivered != 0 {
