@@ -108,3 +108,30 @@ func TestJournal_ALineLongerThanTheLimitIsAnError(t *testing.T) {
 		t.Fatal("a journal with a line over the limit opened")
 	}
 }
+
+// A rewrite closes the file it appended to before (compaction runs for
+// the agent's whole life: a leaked descriptor per compaction would run
+// the process out of them).
+func TestJournal_RewriteClosesThePreviousFile(t *testing.T) {
+	fds := func() int {
+		d, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatalf("reading /proc/self/fd: %v", err)
+		}
+		return len(d)
+	}
+	j, st, err := openJournal(filepath.Join(t.TempDir(), "j"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.close()
+	before := fds()
+	for range 50 {
+		if err := j.rewrite(st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := fds(); after > before+10 {
+		t.Fatalf("%d descriptors open after 50 rewrites, %d before", after, before)
+	}
+}
