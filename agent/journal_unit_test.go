@@ -135,3 +135,14 @@ func TestJournal_RewriteClosesThePreviousFile(t *testing.T) {
 		t.Fatalf("%d descriptors open after 50 rewrites, %d before", after, before)
 	}
 }
+
+func TestJournal_CloseClosesTheFile(t *testing.T) {
+	j, _, err := openJournal(filepath.Join(t.TempDir(), "j"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.close()
+	if _, err := j.add(jrec{Op: "x", At: 1}, false); err == nil {
+		t.Fatal("the journal still appends after close")
+	}
+}
