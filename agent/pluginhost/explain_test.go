@@ -137,8 +137,8 @@ func TestValidate_WaitsBeyondTheStartTimeoutForAStart(t *testing.T) {
 		p.mu.Unlock()
 		close(ch)
 	}()
-	err := h.Validate("mock", sdk.Node{Name: "n", Address: "a"})
-	if !errors.Is(err, sdk.ErrUnsupported) || !strings.Contains(err.Error(), "no option checks") {
-		t.Errorf("Validate during a start = %v, want the plugin's answer (no option checks)", err)
+	err := h.Validate("mock", sdk.Node{Name: "n", Address: "a", Options: map[string]string{"delay": "banana"}})
+	if !errors.Is(err, sdk.ErrInvalid) || !strings.Contains(err.Error(), "mock: option delay") {
+		t.Errorf("Validate during a start = %v, want the plugin's answer (its option check refusing delay)", err)
 	}
 }
