@@ -3,7 +3,7 @@ package events
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,8 +15,10 @@ import (
 // acknowledgements, counter writes.
 
 func TestPusher_CoalescesRequestsWithinTheInterval(t *testing.T) {
-	var pushes atomic.Int64
-	p := newPusher(300*time.Millisecond, func() { pushes.Add(1) })
+	var mu sync.Mutex
+	var pushes []time.Time
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(pushes) }
+	p := newPusher(300*time.Millisecond, func() { mu.Lock(); pushes = append(pushes, time.Now()); mu.Unlock() })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); p.run(ctx) }()
@@ -29,18 +31,21 @@ func TestPusher_CoalescesRequestsWithinTheInterval(t *testing.T) {
 		}
 	}()
 	p.request()
-	waitFor(t, "the first push", func() bool { return pushes.Load() == 1 })
-	// Many requests within the interval: one more push, after it.
-	start := time.Now()
+	waitFor(t, "the first push", func() bool { return count() == 1 })
+	// Many requests within the interval: one more push, an interval
+	// after the first.
 	for range 10 {
 		p.request()
 	}
-	waitFor(t, "the second push", func() bool { return pushes.Load() == 2 })
-	if el := time.Since(start); el < 200*time.Millisecond {
-		t.Fatalf("the second push came %v after the first, before the interval", el)
+	waitFor(t, "the second push", func() bool { return count() == 2 })
+	mu.Lock()
+	gap := pushes[1].Sub(pushes[0])
+	mu.Unlock()
+	if gap < 300*time.Millisecond {
+		t.Fatalf("the second push came %v after the first, within the interval", gap)
 	}
 	time.Sleep(400 * time.Millisecond)
-	if n := pushes.Load(); n != 2 {
+	if n := count(); n != 2 {
 		t.Fatalf("%d pushes for two bursts of requests", n)
 	}
 }
