@@ -1,6 +1,12 @@
 package agentsvc
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/obmesh/obmesh/internal/agentpb"
+)
 
 // A node's home is a fixed function of the names, the same in every
 // release: during a rolling upgrade successive leaders of different
@@ -18,6 +24,44 @@ func TestHome_FixedAcrossReleases(t *testing.T) {
 	for node, want := range map[string]string{"n1": "a1", "n2": "a2", "n3": "a3", "n4": "a3", "n5": "a2", "n6": "a2", "rack7-node12": "a1"} {
 		if got := Home(node, agents); got != want {
 			t.Errorf("Home(%s) = %s, want %s", node, got, want)
+		}
+	}
+}
+
+// The slack is counted from the least loaded candidate however busy all
+// are and in whatever order the agents are visited: a home 3 operations
+// busier than the least loaded of busy agents is still picked; one more
+// than HomeSlack busier than an idle agent is not.
+func TestPick_SlackFromTheLeastLoaded(t *testing.T) {
+	svc, _ := unitService(t, Config{Heartbeat: time.Second})
+	now := time.Now()
+	mk := func(id string, load int) *conn {
+		c := &conn{id: id, sites: []string{"s1"}, drivers: []string{"mock"}, lastContact: now, pending: map[string]chan *agentpb.OperationResult{}}
+		for i := range load {
+			c.pending[fmt.Sprint(i)] = nil
+		}
+		return c
+	}
+	set := func(cs ...*conn) {
+		svc.conns = map[string]*conn{}
+		for _, c := range cs {
+			svc.conns[c.id] = c
+		}
+	}
+	const node = "n1"
+	home := Home(node, []string{"a1", "a2"})
+	other := "a1"
+	if home == "a1" {
+		other = "a2"
+	}
+	for range 20 { // map order varies
+		set(mk(home, 3*HomeSlack+3), mk(other, 3*HomeSlack))
+		if c := svc.pick("s1", "mock", node); c == nil || c.id != home {
+			t.Fatalf("all busy, home within the slack: picked %v, want %s", c, home)
+		}
+		set(mk(home, HomeSlack+1), mk(other, 0))
+		if c := svc.pick("s1", "mock", node); c == nil || c.id != other {
+			t.Fatalf("home %d busier than an idle agent: picked %v, want %s", HomeSlack+1, c, other)
 		}
 	}
 }
