@@ -200,3 +200,26 @@ func TestIngest_APayloadWithAnUnusableRecordDeliversTheRestAndQuarantines(t *tes
 		t.Fatalf("%d quarantined", len(q))
 	}
 }
+
+// A failing subscriber is probed at a backoff that grows with each
+// consecutive failure, not at its first delay again and again.
+func TestDeliver_AFailingSubscribersProbesBackOff(t *testing.T) {
+	rc := newReceiver(t, false)
+	rc.status.Store(503)
+	node, nodes := oneNode(t, Subscriber{ID: "s1", Destination: rc.URL(), InitialBackoff: 10 * time.Millisecond, MaxBackoff: time.Hour})
+	h := startRelay(t, Config{}, nodes)
+	for i := range 20 {
+		if code := post(t, h.NodeURL(node.Token, "sid", 1), stdEvent(fmt.Sprint(i))); code != 204 {
+			t.Fatalf("answered %d", code)
+		}
+	}
+	waitFor(t, 10*time.Second, "the first attempt", func() bool { return rc.tries.Load() >= 1 })
+	time.Sleep(time.Second)
+	// The subscriber is paused between probes: growing full-jitter delays
+	// from 10 ms allow about 10 attempts in a second, whatever the queue;
+	// a pause that did not grow lets every queued event be tried on its
+	// own backoff (well over a hundred).
+	if n := rc.tries.Load(); n > 60 {
+		t.Fatalf("%d attempts in a second: the probe backoff does not grow", n)
+	}
+}
