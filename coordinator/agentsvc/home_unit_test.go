@@ -65,3 +65,17 @@ func TestPick_SlackFromTheLeastLoaded(t *testing.T) {
 		}
 	}
 }
+
+// Home does not depend on the order the agents are listed in.
+func TestHome_IndependentOfTheAgentsOrder(t *testing.T) {
+	orders := [][]string{{"a1", "a2", "a3", "a4"}, {"a4", "a3", "a2", "a1"}, {"a3", "a1", "a4", "a2"}, {"a2", "a4", "a1", "a3"}}
+	for i := range 200 {
+		node := fmt.Sprintf("node%d", i)
+		want := Home(node, orders[0])
+		for _, o := range orders[1:] {
+			if got := Home(node, o); got != want {
+				t.Fatalf("Home(%s, %v) = %s, Home(%s, %v) = %s", node, orders[0], want, node, o, got)
+			}
+		}
+	}
+}
