@@ -13,19 +13,3 @@ func (s *Server) SetConsoleLog(view func(state.Node) *api.ConsoleLog) {
 	defer s.evMu.Unlock()
 	s.consoleLogView = view
 }
-
-// consoleLogKeeping is how keeping the named node's console log stands, nil when
-// it is not logged or no view is set.
-func (s *Server) consoleLogKeeping(name string) *api.ConsoleLog {
-	s.evMu.Lock()
-	view := s.consoleLogView
-	s.evMu.Unlock()
-	if view == nil {
-		return nil
-	}
-	n, ok := s.store.State().Node(name)
-	if !ok {
-		return nil
-	}
-	return view(n)
-}

@@ -14,19 +14,29 @@ func (s *Server) SetObserved(view func(state.Node) *api.Observed) {
 	s.observedView = view
 }
 
-// observed is the observed state of the named node, nil if none.
-func (s *Server) observed(name string) *api.Observed {
+// nodeViews are the named node's observed state and how keeping its
+// console log stands (SetObserved, SetConsoleLog), each nil when none or
+// no view is set; the node is read once for both.
+func (s *Server) nodeViews(name string) (*api.Observed, *api.ConsoleLog) {
 	s.evMu.Lock()
-	view := s.observedView
+	obs, cl := s.observedView, s.consoleLogView
 	s.evMu.Unlock()
-	if view == nil {
-		return nil
+	if obs == nil && cl == nil {
+		return nil, nil
 	}
 	n, ok := s.store.State().Node(name)
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	return view(n)
+	var o *api.Observed
+	var c *api.ConsoleLog
+	if obs != nil {
+		o = obs(n)
+	}
+	if cl != nil {
+		c = cl(n)
+	}
+	return o, c
 }
 
 // newestPower is a node's newest power reading: the last operation's

@@ -192,8 +192,7 @@ func (s *Server) updateNode(w http.ResponseWriter, r *http.Request) error {
 // withPower adds the observed state and the newest power reading
 // (newestPower, observed.go) to a node.
 func (s *Server) withPower(n api.Node) api.Node {
-	n.Observed = s.observed(n.Name)
-	n.ConsoleLog = s.consoleLogKeeping(n.Name) // consolelog.go
+	n.Observed, n.ConsoleLog = s.nodeViews(n.Name) // observed.go
 	var op *api.PowerReading
 	if pm, ok := s.ops.(powerMemory); ok {
 		if p, ok := pm.LastPower(n.Name); ok {
