@@ -29,8 +29,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ALL_PKGS=(coordinator/state coordinator/store coordinator/ops coordinator/agentsvc
-  coordinator/cluster coordinator/seal coordinator/events hilproxy
-  agent agent/pluginhost agent/relay)
+  coordinator/cluster coordinator/seal coordinator/events coordinator/jobs hilproxy
+  agent agent/pluginhost agent/relay agent/consoles agent/powersync)
 
 out=bin/mutate floor="" budget=0 uncovered=0 recheck=0
 while getopts "o:f:b:ur" opt; do
