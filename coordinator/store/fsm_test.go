@@ -230,6 +230,10 @@ func TestSnapshots_ArePrivate(t *testing.T) {
 		}
 	}
 	s := openStore(t, pki, dir)
+	// Before the first snapshot: the directory raft made is private already.
+	if fi, err := os.Stat(filepath.Join(dir, "snapshots")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("snapshots directory before the first snapshot: %v, %v; want mode 0700", fi.Mode().Perm(), err)
+	}
 	if _, err := s.Apply(t.Context(), state.RegisterNode{Node: state.Node{Name: "a", Driver: "mock", Site: "default"}}); err != nil {
 		t.Fatal(err)
 	}

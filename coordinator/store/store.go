@@ -174,6 +174,12 @@ func (s *Store) Open() error {
 		bs.Close()
 		return fmt.Errorf("store: snapshots: %w", err)
 	}
+	// raft made DATA_DIR/snapshots 0755; private before any snapshot
+	// lands there (and any an older build left readable).
+	if err := privateSnapshots(s.cfg.Dir); err != nil {
+		bs.Close()
+		return fmt.Errorf("store: snapshots: %w", err)
+	}
 	if err := s.checkLog(bs, snaps); err != nil {
 		bs.Close()
 		return err
