@@ -409,3 +409,90 @@ func TestSweep_DurationFromAReceiptIsCappedAtADay(t *testing.T) {
 		t.Fatalf("job %s, first result %+v; want interrupted with a day's duration", got.State, got.Results[0])
 	}
 }
+
+// bounded is a Store that, like the replicated store, fails a write whose
+// context has ended, and records how far away each write's deadline was.
+type bounded struct {
+	member
+	mu    sync.Mutex
+	left  map[string][]time.Duration // by command type
+	onVer func()
+}
+
+func (b *bounded) VerifyLeader(ctx context.Context) error {
+	b.mu.Lock()
+	f := b.onVer
+	b.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return b.member.VerifyLeader(ctx)
+}
+
+func (b *bounded) Apply(ctx context.Context, c state.Command) (state.Result, error) {
+	typ := fmt.Sprintf("%T", c)
+	left := time.Duration(-1) // no deadline
+	if dl, ok := ctx.Deadline(); ok {
+		left = time.Until(dl)
+	}
+	b.mu.Lock()
+	b.left[typ] = append(b.left[typ], left)
+	b.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return state.Result{}, err
+	}
+	return b.member.Apply(ctx, c)
+}
+
+// Every write to the log is bounded by 10 s of its own, and the job's
+// record is written even when the client that asked for it has gone.
+func TestWrites_BoundedByTenSeconds(t *testing.T) {
+	c := newCluster("c1")
+	c.addNodes(t, "n", "s1", 3, nil)
+	client, gone := context.WithCancel(context.Background())
+	b := &bounded{member: member{c, "c1"}, left: map[string][]time.Duration{}, onVer: func() { gone() }}
+	s := New(Config{FlushEvery: time.Millisecond}, b, &operator{c: c, fn: ok}, quiet())
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	defer func() {
+		stop()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("the job service did not stop")
+		}
+	}()
+	waitFor(t, "the service to run", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.ctx != nil })
+	j, err := s.Create(client, api.JobSpec{Selector: api.Selector{All: true}, Action: "on"})
+	if err != nil {
+		t.Fatalf("Create with the client gone after the leader check: %v", err)
+	}
+	if got := finished(t, s, j.ID); got.State != api.JobDone || got.OK != 3 {
+		t.Fatalf("job %s, %d ok", got.State, got.OK)
+	}
+	// A job a lost leader left, finished by the sweep.
+	b.mu.Lock()
+	b.onVer = nil
+	b.mu.Unlock()
+	orphan := state.Job{ID: "job-0000000000000000000000da", Action: ops.ActPowerOn, Nodes: []string{"n-000"}, Parallelism: 1, Coordinator: "c0", Epoch: 1}
+	if _, err := b.member.Apply(context.Background(), state.CreateJob{Job: orphan}); err != nil {
+		t.Fatal(err)
+	}
+	s.Sweep(context.Background())
+	if info, _ := c.st.JobInfo(orphan.ID); info.State != state.JobInterrupted {
+		t.Fatalf("orphan %s", info.State)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, typ := range []string{"state.CreateJob", "state.UpdateJob"} {
+		if len(b.left[typ]) == 0 {
+			t.Errorf("no %s written", typ)
+		}
+		for _, d := range b.left[typ] {
+			if d <= 5*time.Second || d > 10*time.Second {
+				t.Errorf("a %s write had %v left, want its own bound of 10 s", typ, d)
+			}
+		}
+	}
+}
