@@ -52,3 +52,21 @@ func TestParseOrigin_TheExpandedTypeBeforeThePath(t *testing.T) {
 		}
 	}
 }
+
+// A MessageId's registry is what precedes its first dot and its key what
+// follows its last, also when the registry is empty; without a dot it is
+// all key.
+func TestSplitMessageID_RegistryAndKey(t *testing.T) {
+	for in, want := range map[string][2]string{
+		"ResourceEvent.1.0.ResourceChanged": {"ResourceEvent", "ResourceChanged"},
+		"Base.A":                            {"Base", "A"},
+		"USR0030":                           {"", "USR0030"},
+		".1.0.ResourceChanged":              {"", "ResourceChanged"},
+		".Key":                              {"", "Key"},
+		"":                                  {"", ""},
+	} {
+		if reg, key := splitMessageID(in); reg != want[0] || key != want[1] {
+			t.Errorf("splitMessageID(%q) = %q, %q; want %q, %q", in, reg, key, want[0], want[1])
+		}
+	}
+}
