@@ -36,6 +36,13 @@ func ctx5(t *testing.T) context.Context {
 	return ctx
 }
 
+// sessionOf is the manager's session for node.
+func sessionOf(m *Manager, node string) *session {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sessions[node]
+}
+
 // waitFor polls cond until it holds or 10s pass.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -377,7 +384,7 @@ func TestLingerEndSparesAWatchedSession(t *testing.T) {
 	if err := m2.Keep(ctx5(t), Request{Node: "n1", Open: opener(f2, nil)}, true); err != nil {
 		t.Fatal(err)
 	}
-	m2.sessions["n1"].lingerEnd()
+	sessionOf(m2, "n1").lingerEnd()
 	if f2.isClosed() {
 		t.Fatal("lingerEnd ended a logging session")
 	}
@@ -434,7 +441,7 @@ func TestCloseDuringOpenClosesTheNewConsole(t *testing.T) {
 // console is closed, both viewers share the winner.
 func TestConcurrentOpensShareOneSession(t *testing.T) {
 	dir := t.TempDir()
-	m := newManager(t, Config{LogDir: dir})
+	m := newManager(t, Config{LogDir: dir, Linger: Duration(-1)})
 	var mu sync.Mutex
 	var cons []*fakeConsole
 	arrived := make(chan struct{})
@@ -661,5 +668,40 @@ func TestKeepOffAndOnAgainstLinger(t *testing.T) {
 	w.s.mu.Unlock()
 	if lingering || f2.isClosed() {
 		t.Fatal("logging off with a viewer attached started the linger or closed the console")
+	}
+}
+
+// Lines to skip that span several chunks: chunks with no newline are
+// dropped whole, and the first byte after the skipped line comes with its
+// true offset.
+func TestSkipLinesAcrossSmallChunks(t *testing.T) {
+	m := newManager(t, Config{})
+	f := newFake()
+	v := attach(t, m, Request{Node: "n1", Open: opener(f, nil), Replay: true, SkipLines: 1})
+	f.emit([]byte("abcdef\nxy\n"))
+	waitFor(t, "the output", func() bool { v.s.mu.Lock(); defer v.s.mu.Unlock(); return v.s.endOff == 10 })
+	c, err := v.Next(ctx5(t), 3) // "abc", "def" dropped; "\nxy" gives "xy"
+	if err != nil || c.Offset != 7 || string(c.Data) != "xy" {
+		t.Fatalf("first chunk after skipping a 7-byte line 3 bytes at a time = offset %d %q %v; want 7 %q", c.Offset, c.Data, err, "xy")
+	}
+}
+
+// Logging turned off on a session nobody watches starts its linger (it
+// does not close at once when the linger is positive).
+func TestKeepOffStartsTheLinger(t *testing.T) {
+	m := newManager(t, Config{LogDir: t.TempDir(), Linger: Duration(time.Hour)})
+	f := newFake()
+	if err := m.Keep(ctx5(t), Request{Node: "n1", Open: opener(f, nil)}, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Keep(ctx5(t), Request{Node: "n1"}, false); err != nil {
+		t.Fatal(err)
+	}
+	s := sessionOf(m, "n1")
+	s.mu.Lock()
+	lingering, logging := s.linger != nil, s.log != nil
+	s.mu.Unlock()
+	if f.isClosed() || !lingering || logging {
+		t.Fatalf("after Keep off: console closed %v, lingering %v, logging %v; want open, lingering, not logging", f.isClosed(), lingering, logging)
 	}
 }
