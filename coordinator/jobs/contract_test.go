@@ -152,11 +152,15 @@ func TestResolve_NodeCountBound(t *testing.T) {
 	}
 }
 
-// clip takes any bytes, valid UTF-8 or not, and never panics: a run of
+// clip cuts back to the start of a character, never inside one, and
+// takes any bytes, valid UTF-8 or not, without panicking: a run of
 // continuation bytes is cut to nothing before the ellipsis.
-func TestClip_InvalidUTF8(t *testing.T) {
+func TestClip_CutsBackToACharacterStart(t *testing.T) {
+	if got := clip("éééé", 6); got != "é..." {
+		t.Errorf("clip inside a character: %q, want %q", got, "é...")
+	}
 	if got := clip("\x80\x80\x80\x80\x80", 4); got != "..." {
-		t.Fatalf("clip of continuation bytes: %q", got)
+		t.Errorf("clip of continuation bytes: %q", got)
 	}
 }
 
