@@ -7,6 +7,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -132,5 +135,30 @@ func TestRun_APostInFlightWhenTheRelayStopsIsAnswered(t *testing.T) {
 	h.stop(t)
 	if !strings.Contains(h.logs.String(), "relay: stopped") {
 		t.Fatal("Run did not finish")
+	}
+}
+
+// A generated certificate also names the machine (a BMC told the relay's
+// host name can verify it), and names localhost only once.
+func TestGenerateCert_NamesTheMachine(t *testing.T) {
+	h, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cp, kp := filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem")
+	if err := generateCert(cp, kp, "10.9.8.7"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := tls.LoadX509KeyPair(cp, kp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"localhost"}
+	if h != "" && h != "localhost" {
+		want = append(want, h)
+	}
+	if !slices.Equal(c.Leaf.DNSNames, want) {
+		t.Fatalf("names %v for the machine %q, want %v", c.Leaf.DNSNames, h, want)
 	}
 }
