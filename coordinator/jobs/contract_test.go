@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -407,10 +409,84 @@ func TestSweep_DurationFromAReceiptIsCappedAtADay(t *testing.T) {
 	op := &operator{c: c}
 	op.record(api.Receipt{ID: state.JobOpID(j.ID, 0), Node: names[0], Action: ops.ActPowerOn, Outcome: api.OutcomeOK,
 		StartedAt: time.Unix(1000, 0), FinishedAt: time.Unix(1000, 0).Add(25 * time.Hour)})
-	New(Config{}, m, op, quiet()).Sweep(context.Background())
+	var logs strings.Builder
+	logger := slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil))
+	New(Config{}, m, op, logger).Sweep(context.Background())
 	got, _ := c.st.Job(j.ID)
 	if got.State != state.JobInterrupted || got.Results[0].Micros != int64(24*time.Hour/time.Microsecond) {
 		t.Fatalf("job %s, first result %+v; want interrupted with a day's duration", got.State, got.Results[0])
+	}
+	// The reason counts the operations completed from their receipts; the
+	// log says the job was reported, not that it is still to be.
+	if !strings.Contains(got.Reason, "was lost; 1 operation(s) it sent") {
+		t.Errorf("reason %q does not count the one receipt", got.Reason)
+	}
+	if l := logs.String(); !strings.Contains(l, "job interrupted by a leader change") || strings.Contains(l, "not recorded yet") {
+		t.Errorf("log after recording the interrupted job:\n%s", l)
+	}
+}
+
+// syncWriter serializes writes to w (a log shared by goroutines).
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+// The final state is written even when every result was written before
+// the job ended (nothing left to write with it).
+func TestRecorder_FinalStateAloneIsWritten(t *testing.T) {
+	c := newCluster("c1")
+	names := c.addNodes(t, "n", "s1", 1, nil)
+	w := &writes{member: member{c, "c1"}}
+	op := &operator{c: c, fn: func(ctx context.Context, r ops.Request, site string) (api.Receipt, error) {
+		time.Sleep(10 * time.Millisecond) // the operation's own time
+		return ok(ctx, r, site)
+	}}
+	// FlushBatch 1: the one result is written as it arrives, before the
+	// job ends.
+	s := New(Config{FlushBatch: 1, FlushEvery: time.Hour}, w, op, quiet())
+	for i := range 3 {
+		j, r := recordJob(t, w, fmt.Sprintf("job-0000000000000000000000e%d", i), ops.ActPowerOn, names, 1, 0)
+		executeWithin(t, s, r, j)
+		if info, _ := c.st.JobInfo(j.ID); info.State != state.JobDone || info.Counts.OK != 1 {
+			t.Fatalf("job %s %+v (updates %s): the final state was not written", info.State, info.Counts, shape(w.updates()))
+		}
+	}
+}
+
+// A coordinator that stops between operations, every result already
+// written, writes no empty entry: the job is left to the next leader.
+func TestRecorder_StoppingWithNothingLeftWritesNothing(t *testing.T) {
+	c := newCluster("c1")
+	names := c.addNodes(t, "n", "s1", 2, nil)
+	w := &writes{member: member{c, "c1"}}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	op := &operator{c: c, fn: func(octx context.Context, r ops.Request, site string) (api.Receipt, error) {
+		time.Sleep(10 * time.Millisecond) // the operation's own time
+		stop()                            // the coordinator stops while it runs
+		return ok(octx, r, site)
+	}}
+	s := New(Config{FlushBatch: 1, FlushEvery: time.Hour}, w, op, quiet())
+	j, r := recordJob(t, w, "job-0000000000000000000000db", ops.ActPowerOn, names, 1, 0)
+	done := make(chan struct{})
+	go func() { defer close(done); s.execute(ctx, r, j, 0) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the job did not stop")
+	}
+	if got := shape(w.updates()); got != "1" {
+		t.Fatalf("updates written: %q; want the one result only", got)
+	}
+	if info, _ := c.st.JobInfo(j.ID); info.State != state.JobRunning || op.callCount() != 1 {
+		t.Fatalf("job %s after %d operations; want running after 1", info.State, op.callCount())
 	}
 }
 
