@@ -1,11 +1,15 @@
 package relay
 
 import (
+	"encoding/json"
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // A second relay on the same data directory (another agent started by
@@ -38,5 +42,97 @@ func TestOpenStore_AStoreInUseIsRefusedNotAwaited(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("opening a store in use still waits after 15 s")
+	}
+}
+
+// The store's size counter starts, after a restart, at the bytes of the
+// events already stored: the queue's cap counts them.
+func TestOpenStore_CountsTheEventsAlreadyStored(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "relay.db")
+	st, err := openStore(path, slog.New(slog.DiscardHandler), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var size int64
+	update(t, st, func(tx *bolt.Tx) error {
+		for _, id := range []string{"e1", "e2"} {
+			n, err := putEvent(tx, &storedEvent{ID: id, Body: json.RawMessage(`{"MessageId":"Base.1.0.A"}`)}, 1)
+			if err != nil {
+				return err
+			}
+			size += n
+		}
+		return nil
+	})
+	if err := st.close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err = openStore(path, slog.New(slog.DiscardHandler), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	if got := st.queueBytes.Load(); got != size || size == 0 {
+		t.Fatalf("after a restart the store counts %d bytes, want the %d stored", got, size)
+	}
+}
+
+// What is submitted while the committer is busy is committed together,
+// in one transaction (one fsync), up to maxBatch operations per
+// transaction.
+func TestStore_CommitsWhatQueuedMeanwhileTogether(t *testing.T) {
+	st := openTestStore(t, 10)
+	started, release := make(chan struct{}), make(chan struct{})
+	st.async(func(*bolt.Tx) error {
+		close(started)
+		<-release
+		return nil
+	}, nil)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the committer did not start")
+	}
+	var mu sync.Mutex
+	txs := make([]*bolt.Tx, maxBatch+1)
+	for i := range txs {
+		st.async(func(tx *bolt.Tx) error {
+			mu.Lock()
+			txs[i] = tx
+			mu.Unlock()
+			return nil
+		}, nil)
+	}
+	close(release)
+	if err := st.sync(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, tx := range txs[:maxBatch] {
+		if tx != txs[0] {
+			t.Fatalf("operation %d was committed in another transaction than the first", i)
+		}
+	}
+	if txs[maxBatch] == txs[0] {
+		t.Fatalf("%d operations in one transaction, want at most %d", maxBatch+1, maxBatch)
+	}
+}
+
+// A committed asynchronous update logs nothing (only a dropped one is
+// logged).
+func TestStore_ACommittedUpdateLogsNothing(t *testing.T) {
+	logs := &syncBuffer{}
+	st, err := openStore(filepath.Join(t.TempDir(), "relay.db"), slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	st.async(func(tx *bolt.Tx) error { return nil }, nil)
+	if err := st.sync(); err != nil {
+		t.Fatal(err)
+	}
+	if l := logs.String(); l != "" {
+		t.Fatalf("a committed update logged:\n%s", l)
 	}
 }
