@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -154,5 +155,55 @@ func TestReplay_BumpsTheGenerationOnlyWhenSomethingMoved(t *testing.T) {
 	}
 	if !drainWake(s) {
 		t.Fatal("a replay did not wake the worker")
+	}
+}
+
+// Every zero (or negative) size, count and duration takes its documented
+// default; a set one is kept.
+func TestNew_DefaultsForTheZeroFields(t *testing.T) {
+	r, err := New(Config{DataDir: t.TempDir(), MaxBodyBytes: -1, MaxConns: -1, FullQueueProbe: -time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := r.cfg
+	for what, ok := range map[string]bool{
+		"Listen :8443":               c.Listen == ":8443",
+		"MaxBodyBytes 1 MiB":         c.MaxBodyBytes == 1<<20,
+		"MaxQueueBytes 256 MiB":      c.MaxQueueBytes == 256<<20,
+		"DedupWindow 15 min":         c.DedupWindow == 15*time.Minute,
+		"MaxPending 10000":           c.MaxPendingPerSubscriber == 10000,
+		"MaxDeadLetters 1000":        c.MaxDeadLettersPerSubscriber == 1000,
+		"MaxConns 256":               c.MaxConns == 256,
+		"FullQueueProbe 10 s":        c.FullQueueProbe == 10*time.Second,
+		"MaxAge 24 h":                c.Delivery.MaxAge == 24*time.Hour,
+		"InitialBackoff 1 s":         c.Delivery.InitialBackoff == time.Second,
+		"MaxBackoff 5 min":           c.Delivery.MaxBackoff == 5*time.Minute,
+		"Timeout 10 s":               c.Delivery.Timeout == 10*time.Second,
+		"notices buffered 64":        cap(r.notices) == 64,
+		"watch buffer 64 by default": DefaultWatchBuffer == 64,
+	} {
+		if !ok {
+			t.Errorf("default %s not applied: %+v", what, c)
+		}
+	}
+	set := Config{DataDir: t.TempDir(), Listen: "127.0.0.1:1", MaxBodyBytes: 5, MaxQueueBytes: 6, DedupWindow: time.Second,
+		MaxPendingPerSubscriber: 7, MaxDeadLettersPerSubscriber: 8, MaxConns: 9, FullQueueProbe: time.Millisecond,
+		Delivery: DeliveryPolicy{MaxAttempts: 2, MaxAge: time.Hour, InitialBackoff: time.Millisecond, MaxBackoff: time.Minute, Timeout: time.Second}}
+	r, err = New(set, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.cfg.Listen != set.Listen || r.cfg.MaxBodyBytes != 5 || r.cfg.MaxQueueBytes != 6 || r.cfg.DedupWindow != time.Second ||
+		r.cfg.MaxPendingPerSubscriber != 7 || r.cfg.MaxDeadLettersPerSubscriber != 8 || r.cfg.MaxConns != 9 ||
+		r.cfg.FullQueueProbe != time.Millisecond || r.cfg.Delivery != set.Delivery {
+		t.Errorf("set values changed: %+v", r.cfg)
+	}
+	// A maximum backoff below the initial one is raised to it.
+	r, err = New(Config{DataDir: t.TempDir(), Delivery: DeliveryPolicy{InitialBackoff: time.Minute, MaxBackoff: time.Second}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.cfg.Delivery.MaxBackoff != time.Minute {
+		t.Errorf("MaxBackoff below InitialBackoff became %v, want %v", r.cfg.Delivery.MaxBackoff, time.Minute)
 	}
 }
