@@ -2,10 +2,13 @@ package relay
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -135,4 +138,67 @@ func TestStore_ACommittedUpdateLogsNothing(t *testing.T) {
 	if l := logs.String(); l != "" {
 		t.Fatalf("a committed update logged:\n%s", l)
 	}
+}
+
+// An operation that fails fails alone: the others committed with it in a
+// batch are committed (each after-hook once) and their callers told so; the
+// failing one's caller gets ErrUnavailable.
+func TestStore_AFailingOperationFailsAlone(t *testing.T) {
+	st := openTestStore(t, 10)
+	started, release := make(chan struct{}), make(chan struct{})
+	st.async(func(*bolt.Tx) error {
+		close(started)
+		<-release
+		return nil
+	}, nil)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the committer did not start")
+	}
+	var afters [3]atomic.Int32
+	put := func(i int, fail bool) *op {
+		return &op{fn: func(tx *bolt.Tx) error {
+			if fail {
+				return errors.New("disk on fire")
+			}
+			return tx.Bucket(bktMeta).Put([]byte(fmt.Sprint("k", i)), []byte("v"))
+		}, after: func() { afters[i].Add(1) }, done: make(chan error, 1)}
+	}
+	ops := []*op{put(0, false), put(1, true), put(2, false)}
+	type answer struct {
+		i   int
+		err error
+	}
+	answers := make(chan answer, len(ops))
+	for i, o := range ops {
+		go func() { answers <- answer{i, st.submit(o)} }()
+	}
+	waitFor(t, 10*time.Second, "all operations queued", func() bool { return len(st.ops) == len(ops) })
+	close(release)
+	for range ops {
+		select {
+		case a := <-answers:
+			if a.i == 1 {
+				if !errors.Is(a.err, ErrUnavailable) || !strings.Contains(a.err.Error(), "disk on fire") {
+					t.Errorf("the failing operation returned %v, want ErrUnavailable with its cause", a.err)
+				}
+			} else if a.err != nil {
+				t.Errorf("operation %d, batched with a failing one, returned %v", a.i, a.err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("an operation batched with a failing one was never answered")
+		}
+	}
+	for i, want := range []int32{1, 0, 1} {
+		if got := afters[i].Load(); got != want {
+			t.Errorf("operation %d's after-hook ran %d times, want %d", i, got, want)
+		}
+	}
+	st.db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bktMeta).Get([]byte("k0")) == nil || tx.Bucket(bktMeta).Get([]byte("k2")) == nil {
+			t.Error("the operations batched with a failing one were not committed")
+		}
+		return nil
+	})
 }
