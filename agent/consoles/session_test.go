@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -703,5 +704,57 @@ func TestKeepOffStartsTheLinger(t *testing.T) {
 	s.mu.Unlock()
 	if f.isClosed() || !lingering || logging {
 		t.Fatalf("after Keep off: console closed %v, lingering %v, logging %v; want open, lingering, not logging", f.isClosed(), lingering, logging)
+	}
+}
+
+// hookHandler is a slog handler that calls hook for every record (with
+// the message), so a test can act at a logged point.
+type hookHandler struct{ hook func(msg string) }
+
+func (h hookHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h hookHandler) Handle(_ context.Context, r slog.Record) error {
+	h.hook(r.Message)
+	return nil
+}
+func (h hookHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h hookHandler) WithGroup(string) slog.Handler      { return h }
+
+// A session that ends between Attach finding it and attaching to it (the
+// console dropped at once): Attach opens a new one, unless its context
+// ended meanwhile.
+func TestAttachRetriesWhenTheSessionEndsBeforeAttaching(t *testing.T) {
+	for _, cancelToo := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cancel=%v", cancelToo), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(ctx5(t))
+			defer cancel()
+			var m *Manager
+			ended := 0
+			m = New(Config{}, slog.New(hookHandler{func(msg string) {
+				if msg == "console session opened" && ended == 0 {
+					ended++
+					if cancelToo {
+						cancel()
+					}
+					sessionOf(m, "n1").end(io.EOF)
+				}
+			}}))
+			t.Cleanup(m.Close)
+			opens := 0
+			open := func(context.Context) (io.ReadWriteCloser, error) { opens++; return newFake(), nil }
+			v, err := m.Attach(ctx, Request{Node: "n1", Open: open})
+			if cancelToo {
+				if !errors.Is(err, context.Canceled) || v != nil {
+					t.Fatalf("Attach with its context ended = %v, %v; want context.Canceled", v, err)
+				}
+				return
+			}
+			if err != nil || v == nil {
+				t.Fatalf("Attach = %v, %v; want a viewer of a new session", v, err)
+			}
+			defer v.Close()
+			if opens != 2 || v.s.isEnded() {
+				t.Fatalf("opened %d times, session ended %v; want a second, live session", opens, v.s.isEnded())
+			}
+		})
 	}
 }
