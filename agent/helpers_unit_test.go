@@ -3,12 +3,15 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"os"
 	"os/exec"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/obmesh/obmesh/internal/agentpb"
+	"github.com/obmesh/obmesh/plugins/dummy"
+	"github.com/obmesh/obmesh/plugins/sdk"
 	"github.com/obmesh/obmesh/plugins/sdk/sdktest"
 )
 
@@ -147,3 +150,50 @@ func (s *sink) clear() {
 
 // okResult is a successful result of operation id.
 func okResult(id string) *agentpb.AgentMessage { return result(id, time.Now(), 0, nil, nil) }
+
+// dummyPluginEnv makes the test binary serve the dummy driver (its
+// console is a TCP connection to the node's address: a test reads what is
+// typed and writes what the console shows).
+const dummyPluginEnv = "OBMESH_AGENT_TEST_SERVE_DUMMY"
+
+func init() {
+	if os.Getenv(dummyPluginEnv) == "1" {
+		sdk.Serve(dummy.New())
+		os.Exit(0)
+	}
+}
+
+// testPluginCommand runs mock, redfish and dummy as plugin processes of
+// the test binary.
+func testPluginCommand(name string) *exec.Cmd {
+	if name == "dummy" {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), dummyPluginEnv+"=1")
+		return cmd
+	}
+	return pluginCommand(name) // relay_test.go: redfish, else mock
+}
+
+// hostAgent is unitAgent with its plugin host running (mock and dummy
+// unless edit says otherwise), so execute, console and consoleKeep can be
+// called directly, without a link.
+func hostAgent(t *testing.T, edit func(*Config)) (*Agent, *logCapture) {
+	t.Helper()
+	a, logs := unitAgent(t, func(c *Config) {
+		c.Plugins.Builtin = []string{"mock", "dummy"}
+		c.PluginCommand = testPluginCommand
+		if edit != nil {
+			edit(c)
+		}
+	})
+	a.host.Start()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { a.host.Run(ctx) })
+	t.Cleanup(func() {
+		a.consoles.Close()
+		cancel()
+		wg.Wait()
+	})
+	return a, logs
+}
