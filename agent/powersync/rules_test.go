@@ -413,6 +413,9 @@ func TestRead_FailureMovesANodeToQuarantineSuccessBack(t *testing.T) {
 	if q := queueOf(s, n); q != "quarantine" {
 		t.Fatalf("after a failed read the node is in the %q pool, want quarantine", q)
 	}
+	if st := s.Stats(); st.Reads != 1 || st.Failures != 1 || st.Nodes[HealthDegraded] != 1 {
+		t.Fatalf("stats after a failed read: %+v, want 1 read, 1 failure, 1 node degraded", st)
+	}
 	if w := n.due.Sub(time.Now()); w > time.Minute+time.Minute/5 {
 		t.Fatalf("one failure (of 5 to unreachable) put the next read %v away, want about the 1m interval", w)
 	}
