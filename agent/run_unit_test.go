@@ -266,3 +266,45 @@ func TestRun_ServerNameIsTheNameChecked(t *testing.T) {
 	runUnit(t, dir, []string{addr}, 10*time.Millisecond, 50*time.Millisecond, func(cfg *Config) { cfg.TLS.ServerName = "c1.test" })
 	c.next(t, 20*time.Second, "a coordinator whose certificate names c1.test only")
 }
+
+// Run runs the power sync: the nodes the leader assigns are read and the
+// readings reported on the link.
+func TestRun_PowerSyncReadsTheAssignedNodes(t *testing.T) {
+	t.Parallel()
+	dir := pki(t)
+	got := make(chan *agentpb.PowerSyncReport, 1)
+	_, addr := serveScripted(t, dir, func(s agentpb.AgentLink_ConnectServer) error {
+		if err := s.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{Epoch: 1, HeartbeatIntervalMs: 100}}}); err != nil {
+			return err
+		}
+		as := assignment(syncTarget("n1", "n1@1", nil))
+		if err := s.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_PowerSync{PowerSync: as}}); err != nil {
+			return err
+		}
+		for {
+			m, err := s.Recv()
+			if err != nil {
+				return nil
+			}
+			if r := m.GetPowerSyncReport(); r != nil {
+				select {
+				case got <- r:
+				default:
+				}
+			}
+		}
+	})
+	runUnit(t, dir, []string{addr}, 10*time.Millisecond, 50*time.Millisecond, func(c *Config) {
+		c.Plugins.Builtin = []string{"mock"}
+		c.PowerSync.Interval = config.Duration(100 * time.Millisecond)
+		c.PowerSync.Flush = 10 * time.Millisecond
+	})
+	select {
+	case r := <-got:
+		if len(r.Observations) == 0 || r.Observations[0].Node != "n1" || r.Observations[0].Source != "sync" || r.Observations[0].PowerState != "off" {
+			t.Fatalf("report = %v, want n1 read off by the sync", r)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no power sync report within 20s")
+	}
+}
