@@ -56,15 +56,15 @@ func runJanitor(t *testing.T, window time.Duration, st *store) {
 
 // The janitor purges expired dedup keys every quarter of the window (so
 // the store holds at most about 1.25 windows of keys), not less often.
-// With a window of 1 s it purges within 250 ms; the wait allows 3 s, less
-// than the 4 s of a janitor that waited four windows.
+// With a window of 2 s it purges within 500 ms; the wait allows 6 s, less
+// than the 8 s of a janitor that waited four windows.
 func TestJanitor_PurgesEveryQuarterWindow(t *testing.T) {
 	st := openTestStore(t, 10)
 	update(t, st, func(tx *bolt.Tx) error {
 		return dedupPut(tx, []byte("n\x00k"), "e1", time.Now().Add(-time.Second))
 	})
-	runJanitor(t, time.Second, st)
-	waitFor(t, 3*time.Second, "the janitor's purge", func() bool { return dedupKeys(t, st) == 0 })
+	runJanitor(t, 2*time.Second, st)
+	waitFor(t, 6*time.Second, "the janitor's purge", func() bool { return dedupKeys(t, st) == 0 })
 }
 
 // A window of a few nanoseconds (a quarter of it rounds to nothing) still
