@@ -33,6 +33,8 @@ type scripted struct {
 	agentpb.UnimplementedAgentLinkServer
 	hellos chan time.Time
 	handle func(s agentpb.AgentLink_ConnectServer) error
+	// withHello, if set, is run instead of handle, with the hello.
+	withHello func(s agentpb.AgentLink_ConnectServer, h *agentpb.Hello) error
 }
 
 func (f *scripted) Connect(s agentpb.AgentLink_ConnectServer) error {
@@ -46,6 +48,9 @@ func (f *scripted) Connect(s agentpb.AgentLink_ConnectServer) error {
 	select {
 	case f.hellos <- time.Now():
 	default:
+	}
+	if f.withHello != nil {
+		return f.withHello(s, m.GetHello())
 	}
 	return f.handle(s)
 }
@@ -306,5 +311,123 @@ func TestRun_PowerSyncReadsTheAssignedNodes(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("no power sync report within 20s")
+	}
+}
+
+// An operation's plugin call must end by its deadline minus the result
+// margin, so the result reaches the coordinator before it gives up: a
+// call that would end after that is cut short with a timeout, even though
+// it would have ended before the deadline itself.
+func TestSession_CallEndsBeforeTheDeadlineByTheResultMargin(t *testing.T) {
+	t.Parallel()
+	dir := pki(t)
+	results := make(chan *agentpb.OperationResult, 4)
+	_, addr := serveScripted(t, dir, func(s agentpb.AgentLink_ConnectServer) error {
+		if err := s.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{Epoch: 1, HeartbeatIntervalMs: 100}}}); err != nil {
+			return err
+		}
+		warm := op("warm", 1, "power_status") // the plugin is started by then
+		if err := s.Send(warm); err != nil {
+			return err
+		}
+		sent := false
+		for {
+			m, err := s.Recv()
+			if err != nil {
+				return nil
+			}
+			r := m.GetResult()
+			if r == nil {
+				continue
+			}
+			if r.Id == "warm" && !sent {
+				sent = true
+				// The mock's call takes 875ms: it would end 125ms before
+				// the deadline, too late for a result to be sure to
+				// arrive in time.
+				slow := op("slow", 1, "power_on")
+				slow.GetOperation().Node.Options = map[string]string{"delay": "875ms"}
+				slow.GetOperation().DeadlineUnixNano = time.Now().Add(time.Second).UnixNano()
+				if err := s.Send(slow); err != nil {
+					return err
+				}
+				continue
+			}
+			results <- r
+		}
+	})
+	runUnit(t, dir, []string{addr}, 10*time.Millisecond, 50*time.Millisecond, func(c *Config) {
+		c.Plugins.Builtin = []string{"mock"}
+		c.PowerSync.Disabled = true
+	})
+	select {
+	case r := <-results:
+		if r.Id != "slow" || r.Ok || r.ErrorClass != "timeout" {
+			t.Fatalf("result %v, want slow cut short with class timeout", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no result within 30s")
+	}
+}
+
+// A welcome that echoes a stale hello (older than lost_after allows) is
+// logged with the hello's age: operations then wait for the first
+// heartbeat echo. A fresh welcome, or one without lost_after, is not.
+func TestSession_StaleWelcomeLogged(t *testing.T) {
+	t.Parallel()
+	const msg = "welcome echoed a stale hello: operations wait for the first heartbeat echo"
+	for _, tc := range []struct {
+		name      string
+		lostAfter int64
+		age       time.Duration // how far back the welcome's echo is
+		logged    bool
+	}{
+		{"stale", 1000, 5 * time.Second, true},
+		{"fresh", 60000, 0, false},
+		{"no lost_after", 0, 5 * time.Second, false},
+	} {
+		dir := pki(t)
+		welcomed := make(chan struct{}, 1)
+		f, addr := serveScripted(t, dir, nil)
+		f.withHello = func(s agentpb.AgentLink_ConnectServer, h *agentpb.Hello) error {
+			heard := h.SentMonoNs - int64(tc.age)
+			if err := s.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{
+				Epoch: 1, HeartbeatIntervalMs: 100, HeardMonoNs: heard, LostAfterMs: tc.lostAfter}}}); err != nil {
+				return err
+			}
+			select {
+			case welcomed <- struct{}{}:
+			default:
+			}
+			<-s.Context().Done()
+			return nil
+		}
+		a, logs := runUnit(t, dir, []string{addr}, 10*time.Millisecond, 50*time.Millisecond, nil)
+		select {
+		case <-welcomed:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: no welcome sent", tc.name)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for !a.Connected() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not connected", tc.name)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		recs := logs.find(msg)
+		if !tc.logged {
+			if len(recs) != 0 {
+				t.Errorf("%s: logged %+v", tc.name, recs)
+			}
+			continue
+		}
+		if len(recs) != 1 {
+			t.Fatalf("%s: %d records, want one", tc.name, len(recs))
+		}
+		age, _ := recs[0].attrs["hello_age"].(time.Duration)
+		if age < tc.age || age > tc.age+time.Minute || recs[0].attrs["lost_after_ms"] != tc.lostAfter {
+			t.Errorf("%s: logged %+v, want hello_age about %v and lost_after_ms %d", tc.name, recs[0].attrs, tc.age, tc.lostAfter)
+		}
 	}
 }
