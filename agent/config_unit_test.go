@@ -18,6 +18,7 @@ func validBase() Config {
 
 // Validate reports a bad [power_sync] or [consoles] section with the rest.
 func TestConfig_ValidateReportsPowerSyncAndConsoles(t *testing.T) {
+	t.Parallel()
 	c := validBase()
 	c.PowerSync.Rate = -1
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "power_sync") {
@@ -39,6 +40,7 @@ func TestConfig_ValidateReportsPowerSyncAndConsoles(t *testing.T) {
 // The power sync's zero values mean the defaults and are valid; an
 // interval of exactly 100ms is the smallest allowed.
 func TestPowerSyncConfig_ZeroMeansDefaultsAnd100msIsTheFloor(t *testing.T) {
+	t.Parallel()
 	if err := (PowerSyncConfig{}).validate(); err != nil {
 		t.Errorf("the zero section: %v", err)
 	}

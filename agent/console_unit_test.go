@@ -262,6 +262,7 @@ func consoleOp(id, action string, n *agentpb.Node, req *agentpb.ConsoleRequest) 
 // what the coordinator sends is typed, and the console goes on after it.
 // The coordinator ending the stream ends the viewer (no result).
 func TestConsole_WriterSeesOutputAndTypes(t *testing.T) {
+	t.Parallel()
 	r := newConsoleRig(t, nil)
 	res := r.open(t, consoleOp("c1", "console_open", r.node("n1"), &agentpb.ConsoleRequest{}))
 	cs := r.stream(t)
@@ -297,6 +298,7 @@ func TestConsole_WriterSeesOutputAndTypes(t *testing.T) {
 // no error, at the offset where the output ended, and the coordinator is
 // let end the stream.
 func TestConsole_EndOfConsoleIsALastFrame(t *testing.T) {
+	t.Parallel()
 	r := newConsoleRig(t, nil)
 	res := r.open(t, consoleOp("c2", "console_open", r.node("n2"), &agentpb.ConsoleRequest{}))
 	cs := r.stream(t)
@@ -331,6 +333,7 @@ func TestConsole_EndOfConsoleIsALastFrame(t *testing.T) {
 // failed result with its class (and no stream); the password never
 // appears in it.
 func TestConsole_OpenFailuresAreResults(t *testing.T) {
+	t.Parallel()
 	r := newConsoleRig(t, nil)
 	m := waitResult(t, r.open(t, consoleOp("c3", "console_open", nil, &agentpb.ConsoleRequest{})))
 	if res := m.GetResult(); res == nil || res.Id != "c3" || res.Ok || res.ErrorClass != string(sdk.ClassInvalid) {
@@ -358,6 +361,7 @@ func TestConsole_OpenFailuresAreResults(t *testing.T) {
 // consoleChunk, the last with eof; with follow, the live output comes
 // after it on the same stream.
 func TestConsole_KeepAndLog(t *testing.T) {
+	t.Parallel()
 	logDir := t.TempDir()
 	r := newConsoleRig(t, func(c *Config) { c.Consoles.LogDir = logDir })
 	n := r.node("n4")
@@ -435,6 +439,7 @@ func TestConsole_KeepAndLog(t *testing.T) {
 
 // console_keep needs a node, and a log directory to turn logging on.
 func TestConsole_KeepFailures(t *testing.T) {
+	t.Parallel()
 	r := newConsoleRig(t, nil)
 	if m := r.a.consoleKeep(r.ctx, consoleOp("k3", "console_keep", nil, &agentpb.ConsoleRequest{Log: true}), time.Now()).GetResult(); m.Ok || m.ErrorClass != string(sdk.ClassInvalid) {
 		t.Fatalf("no node: %v", m)

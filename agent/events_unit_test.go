@@ -16,6 +16,7 @@ import (
 // A destination's path segments and query values of minTokenLen
 // characters or more are secrets; shorter ones are not.
 func TestEventSecrets_TokensFromMinTokenLenCharacters(t *testing.T) {
+	t.Parallel()
 	tok16 := strings.Repeat("t", minTokenLen)
 	q16 := strings.Repeat("q", minTokenLen)
 	short := strings.Repeat("s", minTokenLen-1)
@@ -71,6 +72,7 @@ func (b *eventBMC) SendTestEvent(_ context.Context, e sdk.TestEvent) error {
 // The actions on one subscription need its URI: without it nothing
 // reaches the BMC; with it the call is made.
 func TestEventCall_SubscriptionActionsNeedAURI(t *testing.T) {
+	t.Parallel()
 	for _, action := range []string{actEventUnsubscribe, actEventSetContext, actEventResume} {
 		b := &eventBMC{}
 		if _, err := eventCall(context.Background(), b, action, &agentpb.EventRequest{Context: "c"}); sdk.ClassOf(err) != sdk.ClassInvalid || len(b.calls) != 0 {
@@ -99,6 +101,7 @@ func TestEventCall_SubscriptionActionsNeedAURI(t *testing.T) {
 
 // A spec's headers reach the driver as secrets, each kept.
 func TestSpecFromPB_Headers(t *testing.T) {
+	t.Parallel()
 	s := specFromPB(&agentpb.EventSpec{Destination: "https://d", Headers: map[string]string{"A": "1", "B": "2"}})
 	if len(s.Headers) != 2 || string(s.Headers["A"]) != "1" || string(s.Headers["B"]) != "2" {
 		t.Fatalf("headers %v", s.Headers)

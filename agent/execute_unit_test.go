@@ -20,6 +20,7 @@ func execOp(id, action string, n *agentpb.Node) *agentpb.Operation {
 // A boot device set is read back with its options; each operation is
 // logged with whether it succeeded.
 func TestExecute_BootDeviceReadBackAndLogged(t *testing.T) {
+	t.Parallel()
 	a, logs := hostAgent(t, nil)
 	n := &agentpb.Node{Name: "n1", Key: "n1@1", Driver: "mock", Site: "s1"}
 	set := execOp("b1", "boot_device", n)
@@ -46,6 +47,7 @@ func TestExecute_BootDeviceReadBackAndLogged(t *testing.T) {
 // identity answers the BMC's vendor, model and firmware with the driver's
 // extra details.
 func TestExecute_IdentityThroughRedfish(t *testing.T) {
+	t.Parallel()
 	mock, err := bmcsim.MockupDir("public-rackmount1")
 	if err != nil {
 		t.Fatal(err)

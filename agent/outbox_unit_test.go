@@ -20,6 +20,7 @@ import (
 // was acknowledged; how many were re-sent is logged, and nothing is
 // logged when there was none.
 func TestOutbox_NewLinkGetsTheUnacknowledgedResultsInOrder(t *testing.T) {
+	t.Parallel()
 	a, logs := unitAgent(t, nil)
 	for _, id := range []string{"r1", "r2", "r3", "r4"} {
 		a.deliver(okResult(id)) // no link: kept
@@ -54,6 +55,7 @@ func TestOutbox_NewLinkGetsTheUnacknowledgedResultsInOrder(t *testing.T) {
 // A link whose first send fails is not written to again: the outbox waits
 // for the next link.
 func TestOutbox_ResendStopsAtTheFirstFailedSend(t *testing.T) {
+	t.Parallel()
 	a, _ := unitAgent(t, nil)
 	for _, id := range []string{"r1", "r2", "r3"} {
 		a.deliver(okResult(id))
@@ -74,6 +76,7 @@ func TestOutbox_ResendStopsAtTheFirstFailedSend(t *testing.T) {
 // The outbox keeps the newest maxOutbox unacknowledged results: one more
 // drops the oldest (logged), never a newer one.
 func TestOutbox_KeepsTheNewestMaxOutboxResults(t *testing.T) {
+	t.Parallel()
 	a, logs := unitAgent(t, nil)
 	for i := range maxOutbox + 1 {
 		a.deliver(okResult(fmt.Sprintf("r%d", i)))
@@ -100,6 +103,7 @@ func TestOutbox_KeepsTheNewestMaxOutboxResults(t *testing.T) {
 // The agent remembers which operations have a result for the last maxSeen
 // of them (a fate query tells "interrupted" from a finished one by it).
 func TestOutbox_RemembersTheLastMaxSeenResultsMade(t *testing.T) {
+	t.Parallel()
 	a, _ := unitAgent(t, nil)
 	for i := range maxSeen + 1 {
 		a.deliver(okResult(fmt.Sprintf("r%d", i)))
@@ -113,6 +117,7 @@ func TestOutbox_RemembersTheLastMaxSeenResultsMade(t *testing.T) {
 // outnumber the live ones twice over plus 64: bounded memory, and no O(n)
 // sweep on every acknowledgement. The sweep keeps the live ids' order.
 func TestOutbox_OrderListSweptOnlyPastTwiceTheLiveResultsPlus64(t *testing.T) {
+	t.Parallel()
 	a, _ := unitAgent(t, nil)
 	const live = 10
 	stale := 2*live + 64 - live // the order list holds exactly 2*live+64 ids
@@ -160,6 +165,7 @@ func TestOutbox_OrderListSweptOnlyPastTwiceTheLiveResultsPlus64(t *testing.T) {
 // one forgotten moves the horizon (where its memory begins) to when it was
 // received.
 func TestReceive_RemembersTheLastMaxSeenOperations(t *testing.T) {
+	t.Parallel()
 	a, _ := unitAgent(t, nil)
 	start := a.horizon
 	for i := range maxSeen {
@@ -187,6 +193,7 @@ func TestReceive_RemembersTheLastMaxSeenOperations(t *testing.T) {
 // not run: its result is sent again. One whose BMC action began and whose
 // result was acknowledged is not run either, and nothing is sent.
 func TestRepeated_ResendsTheWaitingResultAndRunsNothing(t *testing.T) {
+	t.Parallel()
 	a, logs := unitAgent(t, nil)
 	var s sink
 	a.attach(s.send)
@@ -226,6 +233,7 @@ func TestRepeated_ResendsTheWaitingResultAndRunsNothing(t *testing.T) {
 // coordinator): the ids without one are answered from memory only, never
 // "never_run" on a guess.
 func TestFates_QueryWithFewerSendTimesThanIDs(t *testing.T) {
+	t.Parallel()
 	a, _ := unitAgent(t, nil)
 	sent := time.Now().Add(time.Hour) // well after the horizon
 	rep := a.fates(&agentpb.FateQuery{Ids: []string{"a", "b", "c"}, SentUnixNano: []int64{sent.UnixNano()}}).GetFateReport()
@@ -245,6 +253,7 @@ func TestFates_QueryWithFewerSendTimesThanIDs(t *testing.T) {
 // A fate query about a kept result answers "kept" and sends the result
 // again on the link; with no link it answers "kept" only.
 func TestFates_KeptResultIsSentAgain(t *testing.T) {
+	t.Parallel()
 	a, _ := unitAgent(t, nil)
 	a.deliver(okResult("k"))
 	rep := a.fates(&agentpb.FateQuery{Ids: []string{"k"}}).GetFateReport()
@@ -268,6 +277,7 @@ func TestFates_KeptResultIsSentAgain(t *testing.T) {
 // counting again, and no error is logged. A compaction found not due (done
 // meanwhile) rewrites nothing; without a journal there is nothing to do.
 func TestJournal_CompactedWhenDueFromADelivery(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "journal")
 	a, logs := unitAgent(t, func(c *Config) { c.Link.Journal = path })
 	if err := a.openJournal(); err != nil {
@@ -314,6 +324,7 @@ func TestJournal_CompactedWhenDueFromADelivery(t *testing.T) {
 // (by a coordinator whose clock runs a second ahead) may have reached a
 // process before this one, so it is "forgotten".
 func TestFates_NeverRunAllowsForClockSkew(t *testing.T) {
+	t.Parallel()
 	a, _ := unitAgent(t, nil)
 	h := a.horizon
 	rep := a.fates(&agentpb.FateQuery{Ids: []string{"near", "far"},

@@ -35,6 +35,7 @@ func assignedNodes(a *Agent) int {
 // The assignment gives the syncer the targets that name a node, and only
 // those.
 func TestPowerSync_AssignmentTakesTheTargetsThatNameANode(t *testing.T) {
+	t.Parallel()
 	a, _ := unitAgent(t, nil)
 	a.assignSync(assignment(syncTarget("n1", "n1@1", nil), &agentpb.PowerSyncTarget{}, syncTarget("", "x@1", nil), syncTarget("n2", "n2@1", nil)))
 	if n := assignedNodes(a); n != 2 {
@@ -48,6 +49,7 @@ func TestPowerSync_AssignmentTakesTheTargetsThatNameANode(t *testing.T) {
 
 // With [power_sync] disabled nothing is synced and every hook is a no-op.
 func TestPowerSync_DisabledDoesNothing(t *testing.T) {
+	t.Parallel()
 	a, _ := unitAgent(t, func(c *Config) { c.PowerSync.Disabled = true })
 	if a.psync != nil {
 		t.Fatal("a disabled power sync was built")
@@ -68,6 +70,7 @@ func TestPowerSync_DisabledDoesNothing(t *testing.T) {
 // health (a power_status one with the state it read); a failed one does
 // not.
 func TestPowerSync_SuccessfulOperationsAreContacts(t *testing.T) {
+	t.Parallel()
 	a, _ := hostAgent(t, nil)
 	a.assignSync(assignment(syncTarget("n1", "n1@1", nil)))
 	status := &agentpb.Operation{Id: "s1", Epoch: 1, Action: "power_status", Node: &agentpb.Node{Name: "n1", Key: "n1@1", Driver: "mock", Site: "s1"},
@@ -103,6 +106,7 @@ func TestPowerSync_SuccessfulOperationsAreContacts(t *testing.T) {
 // is cancelled, so the operation does not wait in the node's queue behind
 // a slow read.
 func TestPowerSync_AnOperationTakesTheNodeFromARead(t *testing.T) {
+	t.Parallel()
 	a, _ := hostAgent(t, func(c *Config) {
 		c.PowerSync.Interval = config.Duration(100 * time.Millisecond)
 		c.PowerSync.Timeout = config.Duration(time.Minute)
@@ -142,6 +146,7 @@ func TestPowerSync_AnOperationTakesTheNodeFromARead(t *testing.T) {
 // as it is when the link ends: a node is never read by this agent after
 // the leader may have given it to another.
 func TestPowerSync_ReadingsReportedInBatches(t *testing.T) {
+	t.Parallel()
 	a, _ := unitAgent(t, nil)
 	a.assignSync(assignment(syncTarget("n1", "n1@1", nil), syncTarget("n2", "n2@1", nil)))
 	reports := make(chan *agentpb.PowerSyncReport, 16)

@@ -123,6 +123,7 @@ func runReports(t *testing.T, a *Agent) reportSink {
 // each applied configuration (acknowledging its version); nothing about
 // dropped events is logged while none were dropped.
 func TestRelayLink_ReportsAtOnceAndOnEachConfiguration(t *testing.T) {
+	t.Parallel()
 	a, logs := relayAgent(t, nil) // ReportInterval zero: the default
 	rs := runReports(t, a)
 	if r := rs.next(t); len(r.Nodes) != 0 || r.ConfigVersion != 0 {
@@ -140,6 +141,7 @@ func TestRelayLink_ReportsAtOnceAndOnEachConfiguration(t *testing.T) {
 
 // Notices that wait together go out in one report.
 func TestRelayLink_NoticesThatWaitTogetherGoInOneReport(t *testing.T) {
+	t.Parallel()
 	a, _ := relayAgent(t, nil)
 	configure(t, a, 1)
 	postEvents(t, a, heartbeats("hb", 5)...)
@@ -166,6 +168,7 @@ func TestRelayLink_NoticesThatWaitTogetherGoInOneReport(t *testing.T) {
 // Events the link forwarder could not take are counted by the relay; the
 // next report logs how many were dropped since the last one.
 func TestRelayLink_DroppedEventsLoggedWithTheCountSinceTheLastReport(t *testing.T) {
+	t.Parallel()
 	a, logs := relayAgent(t, func(c *Config) { c.Relay.ReportInterval = time.Hour }) // reports on configurations only
 	configure(t, a, 1)
 	_, stop := a.relay.Watch(1) // a forwarder that takes nothing
@@ -198,6 +201,7 @@ func TestRelayLink_DroppedEventsLoggedWithTheCountSinceTheLastReport(t *testing.
 // The forwarder's buffer holds 256 events by default: a link that stalls
 // for a burst of 100 events loses none of them.
 func TestRelayLink_ForwardBufferHolds256EventsByDefault(t *testing.T) {
+	t.Parallel()
 	a, _ := relayAgent(t, nil)
 	configure(t, a, 1)
 	stall := make(chan struct{})
@@ -232,6 +236,7 @@ func TestRelayLink_ForwardBufferHolds256EventsByDefault(t *testing.T) {
 // number of seconds is that age, and a huge one is capped at ten years
 // (never an overflowed, negative duration); negative attempts are none.
 func TestRelayNodes_MaxAgeAndAttemptsFromTheWire(t *testing.T) {
+	t.Parallel()
 	const tenYears = 10 * 365 * 24 * time.Hour
 	for _, tc := range []struct {
 		secs int64
@@ -257,6 +262,7 @@ func TestRelayNodes_MaxAgeAndAttemptsFromTheWire(t *testing.T) {
 // A dead letter says why: its reason with the last delivery error, or
 // whichever of them there is.
 func TestDeadLetterPB_SaysWhy(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ reason, last, want string }{
 		{"max attempts", "503 from subscriber", "max attempts (last error: 503 from subscriber)"},
 		{"queue full", "", "queue full"},
@@ -271,6 +277,7 @@ func TestDeadLetterPB_SaysWhy(t *testing.T) {
 
 // kickSession ends the current link, if there is one.
 func TestKickSession_EndsTheCurrentLinkIfAny(t *testing.T) {
+	t.Parallel()
 	a, _ := unitAgent(t, nil)
 	a.kickSession() // no link: nothing to end
 	ctx, cancel := context.WithCancel(context.Background())
@@ -286,6 +293,7 @@ func TestKickSession_EndsTheCurrentLinkIfAny(t *testing.T) {
 // A relay that cannot listen fails startRelay with the reason; one that
 // stops because the agent stops logs no error.
 func TestStartRelay_ListenFailureAndQuietStop(t *testing.T) {
+	t.Parallel()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -318,6 +326,7 @@ func TestStartRelay_ListenFailureAndQuietStop(t *testing.T) {
 
 // A relay operation's outcome is logged with whether it succeeded.
 func TestExecuteRelay_LogsTheOutcome(t *testing.T) {
+	t.Parallel()
 	a, logs := relayAgent(t, nil)
 	configure(t, a, 1)
 	ok := a.executeRelay(&agentpb.Operation{Id: "r1", Action: actRelayDeadLetters, Relay: &agentpb.RelayRequest{SubscriptionId: "sub-1"}}, time.Now())
@@ -337,6 +346,7 @@ func TestExecuteRelay_LogsTheOutcome(t *testing.T) {
 // The agent's metrics include the relay's only when it runs one, and the
 // power sync's nodes not read yet count as unknown health.
 func TestMetrics_RelayAndUnknownHealth(t *testing.T) {
+	t.Parallel()
 	gather := func(a *Agent) metricstest.Families {
 		t.Helper()
 		mfs, err := a.Metrics().Gatherer().Gather()
@@ -367,6 +377,7 @@ func TestMetrics_RelayAndUnknownHealth(t *testing.T) {
 // The metrics listener serves until its context ends, and stopping it
 // logs no error.
 func TestServeMetrics_StopsQuietly(t *testing.T) {
+	t.Parallel()
 	a, logs := unitAgent(t, func(c *Config) { c.Metrics.Listen = "127.0.0.1:0" })
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

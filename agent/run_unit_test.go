@@ -114,16 +114,11 @@ func redirectTo(leader string) func(s agentpb.AgentLink_ConnectServer) error {
 	}
 }
 
-// deadAddr is a loopback address nothing listens on.
+// deadAddr is a loopback address nothing listens on (kept so until the
+// test ends).
 func deadAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	return sdktest.ClosedPort(t)
 }
 
 // runUnit runs an agent (no plugins unless edit adds them) linking to
@@ -240,6 +235,7 @@ func TestRun_BackoffDoublesUpToTheMaximum(t *testing.T) {
 // A redirect error is errRedirect (Run tells a follower's answer from a
 // failure by it) and nothing else.
 func TestRedirectError_IsErrRedirectOnly(t *testing.T) {
+	t.Parallel()
 	err := error(&redirectError{leader: "c2:7001"})
 	if !errors.Is(err, errRedirect) {
 		t.Error("a redirect is not errRedirect")
@@ -430,4 +426,68 @@ func TestSession_StaleWelcomeLogged(t *testing.T) {
 			t.Errorf("%s: logged %+v, want hello_age about %v and lost_after_ms %d", tc.name, recs[0].attrs, tc.age, tc.lostAfter)
 		}
 	}
+}
+
+// A Cancel from the coordinator cuts an operation in flight short: its
+// result comes at once, failed, instead of when the BMC call would end.
+func TestSession_CancelEndsAnOperationInFlight(t *testing.T) {
+	t.Parallel()
+	dir := pki(t)
+	results := make(chan *agentpb.OperationResult, 4)
+	_, addr := serveScripted(t, dir, func(s agentpb.AgentLink_ConnectServer) error {
+		if err := s.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{Epoch: 1, HeartbeatIntervalMs: 100}}}); err != nil {
+			return err
+		}
+		long := op("long", 1, "power_on")
+		long.GetOperation().Node.Options = map[string]string{"delay": "1m"}
+		long.GetOperation().DeadlineUnixNano = time.Now().Add(2 * time.Minute).UnixNano()
+		if err := s.Send(long); err != nil {
+			return err
+		}
+		if err := s.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Cancel{Cancel: &agentpb.Cancel{Id: "long"}}}); err != nil {
+			return err
+		}
+		for {
+			m, err := s.Recv()
+			if err != nil {
+				return nil
+			}
+			if r := m.GetResult(); r != nil {
+				results <- r
+			}
+		}
+	})
+	runUnit(t, dir, []string{addr}, 10*time.Millisecond, 50*time.Millisecond, func(c *Config) {
+		c.Plugins.Builtin = []string{"mock"}
+		c.PowerSync.Disabled = true
+	})
+	select {
+	case r := <-results:
+		if r.Id != "long" || r.Ok {
+			t.Fatalf("result %v, want long failed", r)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a cancelled operation ran on (no result within 20s of a minute-long call)")
+	}
+}
+
+// A Redirect during a session ends the link, and the agent follows it to
+// the leader it names at once.
+func TestSession_RedirectMidSessionIsFollowed(t *testing.T) {
+	t.Parallel()
+	dir := pki(t)
+	leader, laddr := serveScripted(t, dir, welcomeAndHold)
+	member, maddr := serveScripted(t, dir, func(s agentpb.AgentLink_ConnectServer) error {
+		if err := s.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{Epoch: 1, HeartbeatIntervalMs: 100}}}); err != nil {
+			return err
+		}
+		if err := s.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Redirect{Redirect: &agentpb.Redirect{Leader: laddr}}}); err != nil {
+			return err
+		}
+		<-s.Context().Done()
+		return nil
+	})
+	runUnit(t, dir, []string{maddr}, time.Minute, time.Minute, nil)
+	member.next(t, 20*time.Second, "the first member")
+	leader.next(t, 20*time.Second, "the leader named during the session")
 }
