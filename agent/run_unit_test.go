@@ -81,6 +81,14 @@ func (f *scripted) none(t *testing.T, d time.Duration, what string) {
 // certificate from the pki in dir.
 func serveScripted(t *testing.T, dir string, handle func(s agentpb.AgentLink_ConnectServer) error) (*scripted, string) {
 	t.Helper()
+	f := &scripted{hellos: make(chan time.Time, 100), handle: handle}
+	return f, serveLink(t, dir, f)
+}
+
+// serveLink serves srv on loopback with coordinator c1's certificate from
+// the pki in dir until the test ends.
+func serveLink(t *testing.T, dir string, srv agentpb.AgentLinkServer) string {
+	t.Helper()
 	scfg, err := tlsutil.ServerConfig(tlsutil.Files{CA: filepath.Join(dir, "ca.pem"), Cert: filepath.Join(dir, "c1.pem"), Key: filepath.Join(dir, "c1-key.pem")})
 	if err != nil {
 		t.Fatal(err)
@@ -89,13 +97,12 @@ func serveScripted(t *testing.T, dir string, handle func(s agentpb.AgentLink_Con
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &scripted{hellos: make(chan time.Time, 100), handle: handle}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(scfg)))
-	agentpb.RegisterAgentLinkServer(srv, f)
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(scfg)))
+	agentpb.RegisterAgentLinkServer(gs, srv)
 	var wg sync.WaitGroup
-	wg.Go(func() { srv.Serve(ln) })
-	t.Cleanup(func() { srv.Stop(); wg.Wait() })
-	return f, ln.Addr().String()
+	wg.Go(func() { gs.Serve(ln) })
+	t.Cleanup(func() { gs.Stop(); wg.Wait() })
+	return ln.Addr().String()
 }
 
 // welcomeAndHold welcomes the agent and keeps the link until it ends.
@@ -490,4 +497,75 @@ func TestSession_RedirectMidSessionIsFollowed(t *testing.T) {
 	runUnit(t, dir, []string{maddr}, time.Minute, time.Minute, nil)
 	member.next(t, 20*time.Second, "the first member")
 	leader.next(t, 20*time.Second, "the leader named during the session")
+}
+
+// linkWithConsoles is a coordinator serving both the link (scripted) and
+// the Console service (consoleSrv, console_unit_test.go).
+type linkWithConsoles struct {
+	agentpb.UnimplementedAgentLinkServer
+	link *scripted
+	cons *consoleSrv
+}
+
+func (l *linkWithConsoles) Connect(s agentpb.AgentLink_ConnectServer) error { return l.link.Connect(s) }
+func (l *linkWithConsoles) Console(s agentpb.AgentLink_ConsoleServer) error { return l.cons.Console(s) }
+
+// A console_open operation over the link is served on a Console stream of
+// the same connection, or, when the console cannot be opened, answered
+// with a failed result on the link.
+func TestSession_ConsoleOpenOverTheLink(t *testing.T) {
+	t.Parallel()
+	dir := pki(t)
+	peer := startPeer(t)
+	results := make(chan *agentpb.OperationResult, 4)
+	dead := deadAddr(t)
+	conNode := func(name, addr string) *agentpb.Node {
+		return &agentpb.Node{Name: name, Key: name + "@1", Driver: "dummy", Site: "s1", Address: addr}
+	}
+	link := &scripted{hellos: make(chan time.Time, 10), handle: func(s agentpb.AgentLink_ConnectServer) error {
+		if err := s.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Welcome{Welcome: &agentpb.Welcome{Epoch: 1, HeartbeatIntervalMs: 100}}}); err != nil {
+			return err
+		}
+		for _, o := range []*agentpb.Operation{
+			consoleOp("con-ok", "console_open", conNode("n1", peer.ln.Addr().String()), &agentpb.ConsoleRequest{}),
+			consoleOp("con-bad", "console_open", conNode("n2", dead), &agentpb.ConsoleRequest{}),
+		} {
+			if err := s.Send(&agentpb.CoordinatorMessage{Msg: &agentpb.CoordinatorMessage_Operation{Operation: o}}); err != nil {
+				return err
+			}
+		}
+		for {
+			m, err := s.Recv()
+			if err != nil {
+				return nil
+			}
+			if r := m.GetResult(); r != nil {
+				results <- r
+			}
+		}
+	}}
+	cons := &consoleSrv{streams: make(chan *consoleStream, 4)}
+	addr := serveLink(t, dir, &linkWithConsoles{link: link, cons: cons})
+	runUnit(t, dir, []string{addr}, 10*time.Millisecond, 50*time.Millisecond, func(c *Config) {
+		c.Plugins.Builtin = []string{"dummy"}
+		c.PluginCommand = testPluginCommand
+		c.PowerSync.Disabled = true
+	})
+	select {
+	case cs := <-cons.streams:
+		defer cs.close()
+		if f := cs.next(t); f == nil || f.OpId != "con-ok" || f.Session == "" {
+			t.Fatalf("first console frame %v, want con-ok's session", f)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no console stream for con-ok")
+	}
+	select {
+	case r := <-results:
+		if r.Id != "con-bad" || r.Ok || r.ErrorClass != "unreachable" {
+			t.Fatalf("result %v, want con-bad failed unreachable (and none for con-ok)", r)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no result for the console that could not be opened")
+	}
 }
