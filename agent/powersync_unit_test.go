@@ -153,12 +153,13 @@ func TestPowerSync_ReadingsReportedInBatches(t *testing.T) {
 	var mu sync.Mutex
 	var failWith error
 	send := func(m *agentpb.AgentMessage) error {
+		mu.Lock()
+		err := failWith // decided before the test sees the report
+		mu.Unlock()
 		if r := m.GetPowerSyncReport(); r != nil {
 			reports <- r
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		return failWith
+		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
