@@ -391,7 +391,7 @@ type session struct {
 	attached  int // viewers that keep the session open (not detached)
 	writer    *Viewer
 	wantWrite []*Viewer
-	waiting   int           // viewers blocked at the end of the output
+	waiting   int           // viewers blocked at the end of the output on the current notify
 	notify    chan struct{} // closed (and replaced) when output arrives or the session ends
 	wake      chan struct{} // capacity 1: a paced reader may read
 	ended     bool
@@ -447,9 +447,12 @@ func (s *session) kick() {
 }
 
 // broadcast wakes every viewer waiting for output. Callers hold s.mu.
+// The woken viewers no longer wait at the end of the output (a paced
+// reader must not read on until one of them waits again).
 func (s *session) broadcast() {
 	close(s.notify)
 	s.notify = make(chan struct{})
+	s.waiting = 0
 }
 
 // run reads the console into the ring until it ends.
@@ -771,7 +774,8 @@ func (v *Viewer) Next(ctx context.Context, max int) (Chunk, error) {
 			cerr = ctx.Err()
 		}
 		s.mu.Lock()
-		if waits {
+		if waits && s.notify == notify {
+			// Not woken by a broadcast (which reset the count).
 			s.waiting--
 		}
 		if cerr != nil {
