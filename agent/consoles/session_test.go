@@ -301,16 +301,13 @@ func TestDetachedViewer(t *testing.T) {
 	if _, err := d.Write([]byte("x")); !errors.Is(err, ErrReadOnly) {
 		t.Fatalf("detached Write = %v", err)
 	}
-	// Caught up, the detached viewer waits without reading the console.
-	c, err := d.Next(ctx5(t), 100)
-	for err == nil && len(c.Data) > 0 && d.cursor < d.s.endOff {
-		c, err = d.Next(ctx5(t), 100)
-	}
+	// At the live end, the detached viewer waits without reading the
+	// console.
 	f.mu.Lock()
 	before := f.reads
 	f.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
-	_, err = d.Next(ctx, 100)
+	_, err := d.Next(ctx, 100)
 	cancel()
 	f.mu.Lock()
 	after := f.reads
@@ -756,5 +753,38 @@ func TestAttachRetriesWhenTheSessionEndsBeforeAttaching(t *testing.T) {
 				t.Fatalf("opened %d times, session ended %v; want a second, live session", opens, v.s.isEnded())
 			}
 		})
+	}
+}
+
+// A paced console's reader reads once for a waiting viewer and then stops
+// until a viewer waits again, even when the woken viewer has not run yet
+// (a busy agent): it must not race ahead through the ring, which would
+// give the viewer a gap on a console that only produces what is read.
+func TestPacedReaderStopsAfterWakingItsWaiter(t *testing.T) {
+	m := newManager(t, Config{History: 64})
+	f := newFake()
+	f.gen = func() []byte { return []byte("line\n") }
+	v := attach(t, m, Request{Node: "n1", Open: opener(f, nil), Paced: true, ReadOnly: true})
+	s := v.s
+	// A viewer waits at the end and is woken, but is not scheduled before
+	// the reader looks again.
+	s.mu.Lock()
+	s.waiting++
+	s.kick()
+	s.mu.Unlock()
+	waitFor(t, "the read for the waiting viewer", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.endOff > 0 })
+	for range 20 {
+		time.Sleep(time.Millisecond)
+		f.mu.Lock()
+		reads := f.reads
+		f.mu.Unlock()
+		if reads > 1 {
+			t.Fatalf("the paced console was read %d times for one waiting viewer", reads)
+		}
+	}
+	// The viewer, when it runs, has its line with no gap.
+	c, err := v.Next(ctx5(t), 100)
+	if err != nil || c.Gap != 0 || string(c.Data) != "line\n" {
+		t.Fatalf("the woken viewer's chunk = gap %d %q %v", c.Gap, c.Data, err)
 	}
 }
