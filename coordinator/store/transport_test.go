@@ -221,6 +221,15 @@ func TestRaft_HandshakesPerHostAreBounded(t *testing.T) {
 	if err := peer.VerifyPeer(ctx, "c1", s.RaftAddr()); err != nil {
 		t.Fatalf("VerifyPeer before = %v", err)
 	}
+	// The client's side of a handshake ends before the server's: wait
+	// until the server let go of that one's slot, so the silent ones below
+	// are the only handshakes it holds.
+	pending := func() int {
+		s.stream.hostsMu.Lock()
+		defer s.stream.hostsMu.Unlock()
+		return len(s.stream.pending)
+	}
+	waitFor(t, 10*time.Second, "the first handshake's slot to be released", func() bool { return pending() == 0 })
 	var silent []net.Conn
 	for range maxPendingPerHost {
 		c, err := net.Dial("tcp", s.RaftAddr())
@@ -229,6 +238,7 @@ func TestRaft_HandshakesPerHostAreBounded(t *testing.T) {
 		}
 		silent = append(silent, c)
 	}
+	waitFor(t, 10*time.Second, "the silent handshakes to hold every slot of their host", func() bool { return pending() == maxPendingPerHost })
 	if err := peer.VerifyPeer(ctx, "c1", s.RaftAddr()); err == nil {
 		t.Errorf("a handshake beyond %d pending from one host was admitted", maxPendingPerHost)
 	}
