@@ -15,6 +15,9 @@ directory); mutate.sh passes the copy it took when gremlins started, so
 edits made meanwhile do not shift the lines. Prints one line per mutant
 and a summary; writes RESULT.uncovered.json.
 
+MUTATE_WORKERS (default 1) mutants run at once, each in its own copy of
+the tree.
+
 With MUTATE_RECHECK=1 it re-runs instead the mutants that LIVED (in
 gremlins' run and in the by-hand run of RESULT.uncovered.json) against the
 tests in ROOT now, and writes RESULT.recheck.json: how many of them the
@@ -22,13 +25,16 @@ tests written since kill. The package's own source (its non-test .go
 files) must be the one gremlins mutated: mutate.sh records its checksum
 in RESULT.srcsum, and the recheck refuses to run when it differs.
 """
+import concurrent.futures
 import hashlib
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 
 BOUNDARY = {"<": "<=", "<=": "<", ">": ">=", ">=": ">"}
 NEGATION = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
@@ -85,47 +91,65 @@ def main():
             for m in f["mutations"]:
                 if m["status"] == "NOT COVERED" and "%s:%d:%d %s" % (f["file_name"], m["line"], m["column"], m["type"]) in byhand:
                     m["status"] = "LIVED"
+    todo = []
+    for f in data["files"]:
+        for m in f["mutations"]:
+            if m["status"] == want:
+                todo.append((f["file_name"], m))
+    # Each worker has its own copy of the tree (MUTATE_WORKERS, default 1):
+    # a package whose tests mostly wait (the agent's) rechecks in a
+    # fraction of the time with several at once.
+    nworkers = max(1, min(int(os.environ.get("MUTATE_WORKERS", "1") or 1), len(todo) or 1))
     work = tempfile.mkdtemp(prefix="mutate-uncovered-")
-    dst = os.path.join(work, "m")
-    shutil.copytree(root, dst, ignore=shutil.ignore_patterns(".git", "bin"))
+    copies = queue.Queue()
+    for i in range(nworkers):
+        dst = os.path.join(work, "m%d" % i)
+        shutil.copytree(root, dst, ignore=shutil.ignore_patterns(".git", "bin"))
+        copies.put(dst)
     env = dict(os.environ, GOFLAGS=(os.environ.get("GOFLAGS", "") + " -short").strip())
-    out, killed, lived, skipped, notviable = [], 0, 0, 0, 0
-    try:
-        for f in data["files"]:
-            for m in f["mutations"]:
-                if m["status"] != want:
-                    continue
-                path = os.path.join(dst, pkg, f["file_name"])
-                src = open(path).read().split("\n")
-                new = None
-                if 0 < m["line"] <= len(src):
-                    new = mutate(src[m["line"] - 1], m["column"], m["type"])
-                where = "%s:%d:%d %s" % (f["file_name"], m["line"], m["column"], m["type"])
-                if new is None:
-                    skipped += 1
-                    out.append({"mutant": where, "status": "NOT APPLIED"})
-                    continue
-                orig = src[m["line"] - 1]
-                src[m["line"] - 1] = new
-                open(path, "w").write("\n".join(src))
-                try:
-                    r = subprocess.run(["go", "test", "-count=1", "-failfast", "-timeout", "120s", "./" + pkg],
-                                       cwd=dst, env=env, capture_output=True, text=True, timeout=180)
-                    status = "LIVED" if r.returncode == 0 else "KILLED"
-                    if r.returncode != 0 and "[build failed]" in r.stdout + r.stderr:
-                        # the replacement does not compile (a + on strings): no mutant
-                        status = "NOT VIABLE"
-                except subprocess.TimeoutExpired:
-                    status = "TIMED OUT"
-                src[m["line"] - 1] = orig
-                open(path, "w").write("\n".join(src))
-                killed += status == "KILLED"
-                lived += status == "LIVED"
-                notviable += status == "NOT VIABLE"
-                out.append({"mutant": where, "status": status})
+    printing = threading.Lock()
+
+    def run(item):
+        file_name, m = item
+        where = "%s:%d:%d %s" % (file_name, m["line"], m["column"], m["type"])
+        dst = copies.get()
+        try:
+            path = os.path.join(dst, pkg, file_name)
+            src = open(path).read().split("\n")
+            new = None
+            if 0 < m["line"] <= len(src):
+                new = mutate(src[m["line"] - 1], m["column"], m["type"])
+            if new is None:
+                return {"mutant": where, "status": "NOT APPLIED"}
+            orig = src[m["line"] - 1]
+            src[m["line"] - 1] = new
+            open(path, "w").write("\n".join(src))
+            try:
+                r = subprocess.run(["go", "test", "-count=1", "-failfast", "-timeout", "120s", "./" + pkg],
+                                   cwd=dst, env=env, capture_output=True, text=True, timeout=180)
+                status = "LIVED" if r.returncode == 0 else "KILLED"
+                if r.returncode != 0 and "[build failed]" in r.stdout + r.stderr:
+                    # the replacement does not compile (a + on strings): no mutant
+                    status = "NOT VIABLE"
+            except subprocess.TimeoutExpired:
+                status = "TIMED OUT"
+            src[m["line"] - 1] = orig
+            open(path, "w").write("\n".join(src))
+            with printing:
                 print("%9s %s" % (status, where), flush=True)
+            return {"mutant": where, "status": status}
+        finally:
+            copies.put(dst)
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=nworkers) as pool:
+            out = list(pool.map(run, todo))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    killed = sum(1 for x in out if x["status"] == "KILLED")
+    lived = sum(1 for x in out if x["status"] == "LIVED")
+    skipped = sum(1 for x in out if x["status"] == "NOT APPLIED")
+    notviable = sum(1 for x in out if x["status"] == "NOT VIABLE")
     json.dump({"killed": killed, "lived": lived, "not_applied": skipped, "not_viable": notviable, "mutants": out},
               open(result.replace(".json", suffix), "w"), indent=1)
     if recheck:
