@@ -21,7 +21,8 @@
 #            when the package's own source changed since that run.
 #
 # Environment: GREMLINS (the binary; installed into bin/tools when unset),
-# MUTATE_WORKERS (parallel mutants, default 2: the machine is shared),
+# MUTATE_WORKERS (parallel mutants, default 2: the machine is shared; for
+# the by-hand runs of -u and -r, default 1: each worker copies the tree),
 # MUTATE_TIMEOUT_COEFFICIENT (a mutant's test timeout in coverage-run
 # times, default 10), MUTATE_EXCLUDE (more gremlins -E file patterns, to
 # measure part of a package).
