@@ -41,7 +41,7 @@ while getopts "o:f:b:ur" opt; do
     b) budget=$OPTARG ;;
     u) uncovered=1 ;;
     r) recheck=1 ;;
-    *) sed -n '2,26p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,28p' "$0" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
