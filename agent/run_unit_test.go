@@ -429,7 +429,8 @@ func TestSession_StaleWelcomeLogged(t *testing.T) {
 			t.Fatalf("%s: %d records, want one", tc.name, len(recs))
 		}
 		age, _ := recs[0].attrs["hello_age"].(time.Duration)
-		if age < tc.age || age > tc.age+time.Minute || recs[0].attrs["lost_after_ms"] != tc.lostAfter {
+		// The hello-welcome round trip on loopback is far below 3s.
+		if age < tc.age || age > tc.age+3*time.Second || recs[0].attrs["lost_after_ms"] != tc.lostAfter {
 			t.Errorf("%s: logged %+v, want hello_age about %v and lost_after_ms %d", tc.name, recs[0].attrs, tc.age, tc.lostAfter)
 		}
 	}
