@@ -777,9 +777,12 @@ func TestNoRelayAgent(t *testing.T) {
 	if r, _ := e.bmcsub(b); r.Agent != "agent-1" || r.Gen != 1 {
 		t.Fatalf("record %+v", r)
 	}
-	if s := e.sub(a); s.Status.State != state.SubUnsupported {
-		t.Fatalf("ipmi: %+v", s.Status)
-	}
+	// The new relay agent re-points the IPMI node's subscription too, and
+	// its BMC is asked again (pending a moment): it settles unsupported.
+	waitFor(t, "the IPMI node's subscription re-pointed and unsupported", func() bool {
+		r, _ := e.bmcsub(a)
+		return r.Agent == "agent-1" && e.sub(a).Status.State == state.SubUnsupported
+	})
 }
 
 // A relay-mode BMC subscription is created only once its agent
