@@ -506,12 +506,15 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	backoff := a.cfg.Link.BackoffMin.D()
 	next := ""
-	quick := 0 // members asked at once in a row after an unreachable leader
-	for i := 0; ; i++ {
-		addr := a.cfg.Coordinators[i%len(a.cfg.Coordinators)]
+	quick := 0  // members asked at once in a row after an unreachable leader
+	member := 0 // the next member to ask; an attempt at a named leader does not move it
+	for {
+		addr := a.cfg.Coordinators[member%len(a.cfg.Coordinators)]
 		redirected := next != ""
 		if redirected {
 			addr, next = next, "" // the leader a follower pointed to
+		} else {
+			member++
 		}
 		welcomed, err := a.session(ctx, ctx, addr, tlsCfg)
 		if welcomed {
