@@ -157,6 +157,26 @@ func (p *page) do(what string, steps ...chromedp.Action[chromedp.Void]) {
 	}
 }
 
+// click clicks the element css selects in a table the page re-renders
+// (the nodes table refreshes after each operation): when the page replaced
+// the element between chromedp's query and its click ("Could not find
+// node with given id"), it queries and clicks again, within 20 s.
+func (p *page) click(what, css string) {
+	p.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(p.ctx, time.Until(deadline))
+		err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(css)))
+		cancel()
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "Could not find node") || time.Now().After(deadline) {
+			p.t.Fatalf("%s: %v\n%s", what, err, p.describe())
+		}
+	}
+}
+
 // eval evaluates a JavaScript expression.
 func evalIn[T any](p *page, expr string) (T, error) {
 	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
@@ -393,13 +413,14 @@ func TestWebUI_InABrowser(t *testing.T) {
 	powerFromPage := func(t *testing.T, action string, want bool) {
 		before := len(bmc.Ops())
 		btn := fmt.Sprintf(`tr[data-node=%q] button[data-action=%q]`, node, action)
-		pg.do("click "+action, chromedp.Click(chromedp.CSS(btn)), chromedp.WaitVisible(chromedp.CSS("#confirm")))
+		pg.click("click "+action, btn)
+		pg.do("the confirmation of "+action, chromedp.WaitVisible(chromedp.CSS("#confirm")))
 		if title := pg.text("#confirm-title"); !strings.Contains(title, node) {
 			t.Errorf("confirmation %q does not name %s", title, node)
 		}
 		pg.do("cancel", chromedp.Click(chromedp.CSS(`#confirm button[value="cancel"]`)), chromedp.WaitNotVisible(chromedp.CSS("#confirm")))
-		pg.do("click "+action+" again", chromedp.Click(chromedp.CSS(btn)), chromedp.WaitVisible(chromedp.CSS("#confirm")),
-			chromedp.Click(chromedp.CSS("#confirm-ok")))
+		pg.click("click "+action+" again", btn)
+		pg.do("confirm "+action, chromedp.WaitVisible(chromedp.CSS("#confirm")), chromedp.Click(chromedp.CSS("#confirm-ok")))
 		want1 := fmt.Sprintf("power %s on %s", action, node)
 		pg.waitJS(30*time.Second, "the receipt of "+want1,
 			fmt.Sprintf(`(() => { const d = document.querySelector("#last-receipt-body dl.receipt"); return !!d && d.innerText.includes(%q) && d.dataset.outcome === "ok"; })()`, want1))
@@ -440,8 +461,8 @@ func TestWebUI_InABrowser(t *testing.T) {
 		before := len(bmcs[1].Ops())
 		pg.do("refresh", chromedp.Click(chromedp.CSS("#nodes-refresh")))
 		pg.waitJS(10*time.Second, "the new node", `!!document.querySelector('tr[data-node="rack1-badpw"] button[data-action="on"]')`)
-		pg.do("power on with a wrong BMC password", chromedp.Click(chromedp.CSS(`tr[data-node="rack1-badpw"] button[data-action="on"]`)),
-			chromedp.WaitVisible(chromedp.CSS("#confirm")), chromedp.Click(chromedp.CSS("#confirm-ok")))
+		pg.click("power on with a wrong BMC password", `tr[data-node="rack1-badpw"] button[data-action="on"]`)
+		pg.do("confirm it", chromedp.WaitVisible(chromedp.CSS("#confirm")), chromedp.Click(chromedp.CSS("#confirm-ok")))
 		pg.waitJS(30*time.Second, "the failed receipt",
 			`(() => { const d = document.querySelector("#last-receipt-body dl.receipt"); return !!d && d.innerText.includes("rack1-badpw") && d.dataset.outcome === "failed"; })()`)
 		if r := pg.text("#last-receipt-body"); !strings.Contains(r, "auth") || !strings.Contains(r, "op-") {
@@ -458,7 +479,8 @@ func TestWebUI_InABrowser(t *testing.T) {
 	t.Run("boot device", func(t *testing.T) {
 		pg.t = t
 		btn := fmt.Sprintf(`tr[data-node=%q] button[data-action="boot"]`, node)
-		pg.do("click boot", chromedp.Click(chromedp.CSS(btn)), chromedp.WaitVisible(chromedp.CSS("#boot-fields")),
+		pg.click("click boot", btn)
+		pg.do("set the boot device", chromedp.WaitVisible(chromedp.CSS("#boot-fields")),
 			chromedp.SetValue(chromedp.CSS("#boot-device"), "pxe"), chromedp.Click(chromedp.CSS("#boot-persistent")),
 			chromedp.Click(chromedp.CSS("#confirm-ok")))
 		want := "boot pxe on " + node
@@ -483,7 +505,8 @@ func TestWebUI_InABrowser(t *testing.T) {
 		if row := pg.text(fmt.Sprintf(`tr[data-receipt=%q]`, last.ID)); !strings.Contains(row, node) || !strings.Contains(row, "ok") {
 			t.Errorf("operations row %q", row)
 		}
-		pg.do("open a receipt", chromedp.Click(chromedp.CSS(fmt.Sprintf(`tr[data-receipt=%q]`, last.ID))), chromedp.WaitVisible(chromedp.CSS("#op-detail")))
+		pg.click("open a receipt", fmt.Sprintf(`tr[data-receipt=%q]`, last.ID))
+		pg.do("the receipt's detail", chromedp.WaitVisible(chromedp.CSS("#op-detail")))
 		if d := pg.text("#op-detail-body"); !strings.Contains(d, last.ID) || !strings.Contains(d, "Timings") || !strings.Contains(d, last.Agent) {
 			t.Errorf("the receipt of %s shows %q", last.ID, d)
 		}
@@ -497,7 +520,7 @@ func TestWebUI_InABrowser(t *testing.T) {
 		pg.t = t
 		pg.do("open the console", chromedp.Navigate(base+"/ui/#nodes"))
 		pg.waitJS(10*time.Second, "the nodes table", fmt.Sprintf(`!!document.querySelector('tr[data-node=%q] a[data-action="console"]')`, node))
-		pg.do("click console", chromedp.Click(chromedp.CSS(fmt.Sprintf(`tr[data-node=%q] a[data-action="console"]`, node))))
+		pg.click("click console", fmt.Sprintf(`tr[data-node=%q] a[data-action="console"]`, node))
 		// The simulator's serial console greets with "<name> login: ".
 		pg.waitJS(30*time.Second, "the simulator's banner in xterm.js", fmt.Sprintf(`(document.querySelector("#terminal .xterm-rows")||{innerText:""}).innerText.includes(%q)`, node+" login:"))
 		pg.do("type", chromedp.Focus(chromedp.CSS("#terminal .xterm-helper-textarea")), typeKeys("hello-from-the-browser\r"))
